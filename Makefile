@@ -1,0 +1,34 @@
+# Two entry points: `make demo` and `make test`. Each installs what it needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install system-deps bench clean
+
+system-deps:
+	@command -v fusermount >/dev/null 2>&1 || { \
+	  echo "installing the Debian fuse package (fusermount, libfuse2)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse libfuse2 >/dev/null; }
+	@ldconfig -p | grep -q 'libfuse.so.2' || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfuse2 >/dev/null; }
+
+$(STAMP): pyproject.toml setup.py native/*.c native/*.h native/*.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: system-deps $(STAMP)
+
+demo: install
+	$(PY) -m mmfs.demo
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) -m mmfs.cli bench --help
+
+clean:
+	rm -rf $(VENV) build *.egg-info mmfs/_native*.so

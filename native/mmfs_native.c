@@ -1,0 +1,325 @@
+/* mmfs native core. See mmfs_native.h for the contract of each function.
+ *
+ * The index builders follow megatron-core's helpers.cpp step for step (the
+ * arithmetic, including its float32 sample count, is part of the product:
+ * samples must match Megatron's bit for bit); unlike helpers.cpp they check
+ * every input and never assert.
+ */
+#include "mmfs_native.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int itemsize_of(int32_t code) {
+    switch (code) {
+    case 1: case 2: return 1;
+    case 3: case 8: return 2;
+    case 4: case 7: case 9: return 4;
+    case 5: case 6: return 8;
+    default: return 0;
+    }
+}
+
+int64_t mmfs_sample_count(int32_t num_epochs, int64_t tokens_per_epoch,
+                          int32_t seq_length, int drop_last, int extra) {
+    if (num_epochs < 1 || tokens_per_epoch < 1 || seq_length < 1 ||
+        (extra != 0 && extra != 1))
+        return MMFS_E_ARG;
+    if (tokens_per_epoch > INT64_MAX / num_epochs) return MMFS_E_OVERFLOW;
+    int64_t total = (int64_t)num_epochs * tokens_per_epoch - extra;
+    if (drop_last) return total / seq_length;
+    /* helpers.cpp: ceil(float(total) / seq_length), in single precision. */
+    float quotient = (float)total / (float)seq_length;
+    return (int64_t)ceilf(quotient);
+}
+
+int mmfs_build_sample_index(const int32_t *sizes, int64_t num_sizes,
+                            const int32_t *doc_index, int64_t num_doc_index,
+                            int32_t seq_length, int32_t num_epochs,
+                            int64_t tokens_per_epoch, int drop_last, int extra,
+                            void *out, int64_t out_rows, int wide) {
+    int64_t num_samples = mmfs_sample_count(num_epochs, tokens_per_epoch,
+                                            seq_length, drop_last, extra);
+    if (num_samples < 0) return (int)num_samples;
+    if (!sizes || !doc_index || !out || num_sizes < 0 || num_doc_index < 1)
+        return MMFS_E_ARG;
+    if (out_rows != num_samples + 1) return MMFS_E_OUT_SIZE;
+    if (!wide && num_doc_index > INT32_MAX) return MMFS_E_OVERFLOW;
+
+    int32_t *out32 = (int32_t *)out;
+    int64_t *out64 = (int64_t *)out;
+#define RECORD(row, doc, off)                                                 \
+    do {                                                                      \
+        if (wide) {                                                           \
+            out64[2 * (row)] = (doc);                                         \
+            out64[2 * (row) + 1] = (off);                                     \
+        } else {                                                              \
+            if ((off) > INT32_MAX || (off) < INT32_MIN) return MMFS_E_OVERFLOW; \
+            out32[2 * (row)] = (int32_t)(doc);                                \
+            out32[2 * (row) + 1] = (int32_t)(off);                            \
+        }                                                                     \
+    } while (0)
+
+    int64_t row = 0;
+    int64_t doc_pos = 0;  /* position in doc_index */
+    int64_t doc_offset = 0;
+    RECORD(row, doc_pos, doc_offset);
+    ++row;
+    while (row <= num_samples) {
+        int64_t remaining = (int64_t)seq_length + extra;
+        while (remaining != 0) {
+            int32_t seq = doc_index[doc_pos];
+            if (seq < 0 || seq >= num_sizes) return MMFS_E_DOC_RANGE;
+            if (sizes[seq] < 0) return MMFS_E_NEG_LENGTH;
+            int64_t doc_length = (int64_t)sizes[seq] - doc_offset;
+            remaining -= doc_length;
+            if (remaining <= 0) {
+                doc_offset += remaining + doc_length - extra;
+                remaining = 0;
+            } else {
+                if (doc_pos == num_doc_index - 1) {
+                    /* Out of documents: only the kept partial last sample
+                     * may end here (helpers.cpp asserts this). */
+                    if (row != num_samples) return MMFS_E_TOKENS;
+                    doc_offset = (int64_t)sizes[seq] - extra;
+                    break;
+                }
+                ++doc_pos;
+                doc_offset = 0;
+            }
+        }
+        RECORD(row, doc_pos, doc_offset);
+        ++row;
+    }
+#undef RECORD
+    return MMFS_OK;
+}
+
+int mmfs_build_blending_index(const double *weights, int32_t num_datasets,
+                              int64_t size, int16_t *dataset_index,
+                              int64_t *dataset_sample_index) {
+    if (!weights || num_datasets < 1 || num_datasets > INT16_MAX || size < 0 ||
+        (size > 0 && (!dataset_index || !dataset_sample_index)))
+        return MMFS_E_ARG;
+    int64_t *counts = calloc((size_t)num_datasets, sizeof(int64_t));
+    if (!counts) return MMFS_E_ARG;
+    for (int64_t i = 0; i < size; ++i) {
+        double at = i > 1 ? (double)i : 1.0;
+        int32_t best = 0;
+        double best_error = weights[0] * at - (double)counts[0];
+        for (int32_t d = 1; d < num_datasets; ++d) {
+            double error = weights[d] * at - (double)counts[d];
+            if (error > best_error) {
+                best_error = error;
+                best = d;
+            }
+        }
+        dataset_index[i] = (int16_t)best;
+        dataset_sample_index[i] = counts[best];
+        counts[best] += 1;
+    }
+    free(counts);
+    return MMFS_OK;
+}
+
+int mmfs_build_exhaustive_blending_index(const int64_t *sizes,
+                                         int32_t num_datasets, int64_t total,
+                                         int16_t *dataset_index,
+                                         int64_t *dataset_sample_index) {
+    if (!sizes || num_datasets < 1 || num_datasets > INT16_MAX || total < 0)
+        return MMFS_E_ARG;
+    int64_t sum = 0;
+    for (int32_t d = 0; d < num_datasets; ++d) {
+        if (sizes[d] <= 0 || sizes[d] > INT64_MAX - sum) return MMFS_E_ARG;
+        sum += sizes[d];
+    }
+    if (sum != total || !dataset_index || !dataset_sample_index)
+        return MMFS_E_OUT_SIZE;
+    int64_t *counts = calloc((size_t)num_datasets, sizeof(int64_t));
+    double *weights = malloc((size_t)num_datasets * sizeof(double));
+    char *spent = calloc((size_t)num_datasets, 1);
+    if (!counts || !weights || !spent) {
+        free(counts); free(weights); free(spent);
+        return MMFS_E_ARG;
+    }
+    for (int32_t d = 0; d < num_datasets; ++d)
+        weights[d] = (double)sizes[d] / (double)total;
+    for (int64_t i = 0; i < total; ++i) {
+        double at = i > 1 ? (double)i : 1.0;
+        int32_t best = -1;
+        double best_error = 0.0;
+        /* Ascending over unspent datasets, as helpers.cpp's std::set. */
+        for (int32_t d = 0; d < num_datasets; ++d) {
+            if (spent[d]) continue;
+            double error = weights[d] * at - (double)counts[d];
+            if (best < 0 || error > best_error) {
+                best_error = error;
+                best = d;
+            }
+        }
+        dataset_index[i] = (int16_t)best;
+        dataset_sample_index[i] = counts[best];
+        counts[best] += 1;
+        if ((double)sizes[best] - (double)counts[best] == 0) spent[best] = 1;
+    }
+    free(counts); free(weights); free(spent);
+    return MMFS_OK;
+}
+
+/* ---- sample reader ---------------------------------------------------- */
+
+static int64_t sample_row(const mmfs_gpt *g, int64_t row, int col) {
+    if (g->sample_index_wide)
+        return ((const int64_t *)g->sample_index)[2 * row + col];
+    return ((const int32_t *)g->sample_index)[2 * row + col];
+}
+
+/* Calls piece(seq, offset, length) for each piece of unshuffled sample k,
+ * after checking it against the sequence table and the token file. */
+typedef int (*piece_fn)(void *ctx, int32_t seq, int64_t offset, int64_t length);
+
+static int walk_sample(const mmfs_source *src, const mmfs_gpt *g, int64_t k,
+                       piece_fn piece, void *ctx) {
+    if (!src || !g || k < 0 || k >= g->num_samples) return MMFS_E_ARG;
+    int item = itemsize_of(src->dtype);
+    if (!item) return MMFS_E_ARG;
+    int64_t beg = sample_row(g, k, 0), beg_off = sample_row(g, k, 1);
+    int64_t end = sample_row(g, k + 1, 0), end_off = sample_row(g, k + 1, 1);
+    if (beg < 0 || end < beg || end >= g->num_doc_index || beg_off < 0 ||
+        end_off < 0)
+        return MMFS_E_INDEX_RANGE;
+    for (int64_t pos = beg; pos <= end; ++pos) {
+        int32_t seq = g->doc_index[pos];
+        if (seq < 0 || seq >= src->num_sequences) return MMFS_E_DOC_RANGE;
+        int64_t seq_len = src->lengths[seq];
+        int64_t offset = pos == beg ? beg_off : 0;
+        int64_t length = pos == end ? end_off + g->extra - offset : seq_len - offset;
+        if (seq_len < 0 || length < 0 || offset + length > seq_len)
+            return MMFS_E_INDEX_RANGE;
+        int64_t byte = src->pointers[seq];
+        if (byte < 0 || byte > src->data_size ||
+            (src->data_size - byte) / item < offset + length)
+            return MMFS_E_BIN_RANGE;
+        int rc = piece(ctx, seq, offset, length);
+        if (rc < 0) return rc;
+    }
+    return MMFS_OK;
+}
+
+typedef struct {
+    const mmfs_source *src;
+    uint8_t *out;
+    int32_t out_dtype;
+    int64_t written;
+    int64_t capacity;
+} read_ctx;
+
+#define LOAD(T, p, i) ({ T v_; memcpy(&v_, (p) + (size_t)(i) * sizeof(T), sizeof(T)); v_; })
+
+static double load_as_double(const uint8_t *p, int32_t code, int64_t i) {
+    switch (code) {
+    case 6: return LOAD(double, p, i);
+    case 7: return LOAD(float, p, i);
+    default: return 0.0;
+    }
+}
+
+static int64_t load_as_int(const uint8_t *p, int32_t code, int64_t i) {
+    switch (code) {
+    case 1: return LOAD(uint8_t, p, i);
+    case 2: return LOAD(int8_t, p, i);
+    case 3: return LOAD(int16_t, p, i);
+    case 4: return LOAD(int32_t, p, i);
+    case 5: return LOAD(int64_t, p, i);
+    case 8: return LOAD(uint16_t, p, i);
+    case 9: return LOAD(uint32_t, p, i);
+    default: return (int64_t)load_as_double(p, code, i);
+    }
+}
+
+#define STORE(T, p, i, v) do { T v_ = (T)(v); memcpy((p) + (size_t)(i) * sizeof(T), &v_, sizeof(T)); } while (0)
+
+static void store_value(uint8_t *p, int32_t code, int64_t i, int64_t v, double d,
+                        int is_float) {
+    switch (code) {
+    case 1: STORE(uint8_t, p, i, v); break;
+    case 2: STORE(int8_t, p, i, v); break;
+    case 3: STORE(int16_t, p, i, v); break;
+    case 4: STORE(int32_t, p, i, v); break;
+    case 5: STORE(int64_t, p, i, v); break;
+    case 6: STORE(double, p, i, is_float ? d : (double)v); break;
+    case 7: STORE(float, p, i, is_float ? d : (double)v); break;
+    case 8: STORE(uint16_t, p, i, v); break;
+    case 9: STORE(uint32_t, p, i, v); break;
+    }
+}
+
+static void convert(const uint8_t *from, int32_t from_code, int64_t n,
+                    uint8_t *to, int32_t to_code) {
+    if (from_code == to_code) {
+        memcpy(to, from, (size_t)n * itemsize_of(from_code));
+        return;
+    }
+    int from_float = from_code == 6 || from_code == 7;
+    if (to_code == 4 && from_code == 8) { /* the common widening: fast loop */
+        for (int64_t i = 0; i < n; ++i) STORE(int32_t, to, i, LOAD(uint16_t, from, i));
+        return;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        if (from_float)
+            store_value(to, to_code, i, 0, load_as_double(from, from_code, i), 1);
+        else
+            store_value(to, to_code, i, load_as_int(from, from_code, i), 0.0, 0);
+    }
+}
+
+static int copy_piece(void *vctx, int32_t seq, int64_t offset, int64_t length) {
+    read_ctx *ctx = vctx;
+    if (length > ctx->capacity - ctx->written) return MMFS_E_INDEX_RANGE;
+    const mmfs_source *src = ctx->src;
+    int item = itemsize_of(src->dtype);
+    const uint8_t *from = src->data + src->pointers[seq] + offset * item;
+    uint8_t *to = ctx->out + ctx->written * itemsize_of(ctx->out_dtype);
+    convert(from, src->dtype, length, to, ctx->out_dtype);
+    ctx->written += length;
+    return MMFS_OK;
+}
+
+int64_t mmfs_read_sample(const mmfs_source *src, const mmfs_gpt *g, int64_t k,
+                         int64_t sample_tokens, int64_t pad, int32_t out_dtype,
+                         void *out) {
+    if (!out || sample_tokens < 0 || !itemsize_of(out_dtype)) return MMFS_E_ARG;
+    read_ctx ctx = {src, out, out_dtype, 0, sample_tokens};
+    int rc = walk_sample(src, g, k, copy_piece, &ctx);
+    if (rc < 0) return rc;
+    for (int64_t i = ctx.written; i < sample_tokens; ++i)
+        store_value(ctx.out, out_dtype, i, pad, (double)pad, 0);
+    return ctx.written;
+}
+
+typedef struct {
+    int64_t *pieces;
+    int64_t max_pieces;
+    int64_t count;
+} pieces_ctx;
+
+static int record_piece(void *vctx, int32_t seq, int64_t offset, int64_t length) {
+    pieces_ctx *ctx = vctx;
+    if (ctx->count < ctx->max_pieces) {
+        ctx->pieces[3 * ctx->count] = seq;
+        ctx->pieces[3 * ctx->count + 1] = offset;
+        ctx->pieces[3 * ctx->count + 2] = length;
+    }
+    ctx->count += 1;
+    return MMFS_OK;
+}
+
+int64_t mmfs_sample_pieces(const mmfs_source *src, const mmfs_gpt *g, int64_t k,
+                           int64_t *pieces, int64_t max_pieces) {
+    if (max_pieces < 0 || (max_pieces > 0 && !pieces)) return MMFS_E_ARG;
+    pieces_ctx ctx = {pieces, max_pieces, 0};
+    int rc = walk_sample(src, g, k, record_piece, &ctx);
+    if (rc < 0) return rc;
+    return ctx.count;
+}

@@ -1,0 +1,74 @@
+/* mmfs native core: Megatron's index builders and the sample reader.
+ *
+ * Every function validates its inputs and returns 0 (or a count) on success
+ * and a negative MMFS_E* code on failure; none aborts, none reads or writes
+ * outside the buffers it is given. Token counts are int64 throughout.
+ */
+#include <stdint.h>
+
+#define MMFS_OK 0
+#define MMFS_E_ARG -1          /* a size or length argument is out of range */
+#define MMFS_E_DOC_RANGE -2    /* a document id is outside the sequence array */
+#define MMFS_E_NEG_LENGTH -3   /* a sequence length is negative */
+#define MMFS_E_TOKENS -4       /* tokens_per_epoch disagrees with the lengths */
+#define MMFS_E_OUT_SIZE -5     /* the output buffer has the wrong size */
+#define MMFS_E_BIN_RANGE -6    /* a sequence lies outside the token file */
+#define MMFS_E_INDEX_RANGE -7  /* a sample/document index entry is out of range */
+#define MMFS_E_OVERFLOW -8     /* a value does not fit the index dtype */
+
+/* Number of samples Megatron's build_sample_idx produces (float32 ceil when
+ * the last partial sample is kept, as its C++ does). Negative on bad input. */
+int64_t mmfs_sample_count(int32_t num_epochs, int64_t tokens_per_epoch,
+                          int32_t seq_length, int drop_last, int extra);
+
+/* Fill out[(num_samples + 1) * 2] (int32 or int64, by wide) exactly as
+ * Megatron's build_sample_idx does. */
+int mmfs_build_sample_index(const int32_t *sizes, int64_t num_sizes,
+                            const int32_t *doc_index, int64_t num_doc_index,
+                            int32_t seq_length, int32_t num_epochs,
+                            int64_t tokens_per_epoch, int drop_last, int extra,
+                            void *out, int64_t out_rows, int wide);
+
+/* Megatron's greedy blending index: weights[num_datasets], size entries. */
+int mmfs_build_blending_index(const double *weights, int32_t num_datasets,
+                              int64_t size, int16_t *dataset_index,
+                              int64_t *dataset_sample_index);
+
+/* Megatron's exhaustive blending index: every sample of every dataset once;
+ * out arrays hold sum(sizes) entries. */
+int mmfs_build_exhaustive_blending_index(const int64_t *sizes,
+                                         int32_t num_datasets, int64_t total,
+                                         int16_t *dataset_index,
+                                         int64_t *dataset_sample_index);
+
+/* One token source: a memory-mapped token file with its sequence table. */
+typedef struct {
+    const uint8_t *data;      /* the whole token file */
+    int64_t data_size;        /* bytes */
+    const int32_t *lengths;   /* tokens per sequence */
+    const int64_t *pointers;  /* byte offset of each sequence in data */
+    int64_t num_sequences;
+    int32_t dtype;            /* MMIDIDX dtype code of the tokens; 9 = uint32 (.pbin) */
+} mmfs_source;
+
+/* One GPT dataset's indices. */
+typedef struct {
+    const int32_t *doc_index;
+    int64_t num_doc_index;
+    const void *sample_index;  /* [(num_samples + 1) * 2] */
+    int32_t sample_index_wide; /* 0: int32, 1: int64 */
+    int64_t num_samples;
+    int32_t extra;             /* add_extra_token_to_sequence */
+} mmfs_gpt;
+
+/* Write unshuffled sample k of g (sample_tokens tokens, padded with pad)
+ * into out, converting to dtype out_dtype (MMIDIDX code). Returns the
+ * number of real (unpadded) tokens, or a negative error. */
+int64_t mmfs_read_sample(const mmfs_source *src, const mmfs_gpt *g, int64_t k,
+                         int64_t sample_tokens, int64_t pad, int32_t out_dtype,
+                         void *out);
+
+/* The (sequence, offset, length) pieces of unshuffled sample k: writes at
+ * most max_pieces triples into pieces and returns how many there are. */
+int64_t mmfs_sample_pieces(const mmfs_source *src, const mmfs_gpt *g, int64_t k,
+                           int64_t *pieces, int64_t max_pieces);
