@@ -1,0 +1,86 @@
+"""The `mmfs` command: argparse only; each subcommand calls one function of the
+module that does the work. User errors (MmfsError) print one line, exit 2."""
+
+import argparse
+import importlib
+import logging
+import sys
+
+from . import __version__
+from .errors import MmfsError
+
+# subcommand -> "module:function"; the function takes the parsed args and
+# returns an exit code.
+COMMANDS = {
+    "info": "mmfs.formats.report:info_command",
+    "verify": "mmfs.formats.verify:verify_command",
+    "build": "mmfs.sampling.commands:build_command",
+    "sample": "mmfs.sampling.commands:sample_command",
+    "mount": "mmfs.mount:mount_command",
+    "umount": "mmfs.mount:umount_command",
+    "bench": "mmfs.bench:bench_command",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mmfs", description="Megatron-LM training samples as a read-only file system."
+    )
+    parser.add_argument("--version", action="version", version=f"mmfs {__version__}")
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument("-v", "--verbose", action="store_true", help="log more")
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="log only errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("info", help="describe a dataset (.idx/.bin prefix or .pbin)")
+    p.add_argument("path", help="dataset prefix, .idx, .bin or .pbin file")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    p = sub.add_parser("verify", help="check every pointer, length and index of a dataset")
+    p.add_argument("path", help="dataset prefix, .idx, .bin or .pbin file")
+
+    p = sub.add_parser("build", help="build (or load) the sample indices of a config")
+    p.add_argument("config", help="YAML config")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+    p = sub.add_parser("sample", help="print one sample's tokens and provenance")
+    p.add_argument("config", help="YAML config")
+    p.add_argument("index", type=int, help="sample index in the split")
+    p.add_argument("--split", default="train", choices=["train", "valid", "test"])
+
+    p = sub.add_parser("mount", help="mount a config's samples as files")
+    p.add_argument("config", help="YAML config")
+    p.add_argument("mountpoint", help="an empty directory")
+    p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
+    p.add_argument("-o", dest="options", default="", help="extra FUSE options, comma-separated")
+    p.add_argument("--log", help="daemon log file (default: printed at mount time)")
+
+    p = sub.add_parser("umount", help="unmount an mmfs mount (also a stale one)")
+    p.add_argument("mountpoint")
+    p.add_argument("--lazy", action="store_true", help="detach a busy mount now")
+
+    p = sub.add_parser("bench", help="measure read speed of a mount or a config")
+    p.add_argument("target", help="a mounted mmfs directory or a YAML config")
+    p.add_argument("-n", "--samples", type=int, default=20000, help="samples per pass")
+    p.add_argument("--readers", default="1,2,4", help="reader process counts")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.ERROR if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="mmfs: %(message)s", stream=sys.stderr)
+    module_name, func_name = COMMANDS[args.command].split(":")
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+        return int(func(args) or 0)
+    except MmfsError as exc:
+        print(f"mmfs: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
