@@ -21,6 +21,7 @@ import struct
 import numpy as np
 
 from ..errors import FormatError
+from .base import SequenceDataset
 from .dtypes import CODE_TO_DTYPE
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -29,26 +30,30 @@ HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, N, M+1
 HEADER_SIZE = HEADER.size  # 34
 
 
-def prefix_of(path: str) -> str:
+def prefix_of(path: str | os.PathLike) -> str:
     """The dataset prefix for a prefix, a `.idx` or a `.bin` path."""
+    path = os.fspath(path)
     for suffix in (".idx", ".bin"):
         if path.endswith(suffix):
             return path[: -len(suffix)]
     return path
 
 
-class IndexedDataset:
+class IndexedDataset(SequenceDataset):
     """A memory-mapped Megatron IndexedDataset.
 
     Attributes: path_prefix, idx_path, bin_path, dtype (numpy), dtype_code,
     sequence_lengths (int32[N]), sequence_pointers (int64[N]),
     document_indices (int64[M+1]), sequence_modes (int8[N] or None),
-    data (uint8 memmap of the whole .bin; sequence pointers index into it).
+    data (uint8 memmap of the whole .bin; sequence pointers index into it),
+    data_section ((start, end) bytes of `data` that hold tokens: the whole .bin),
+    array_layout (name -> (byte offset in the .idx, dtype, count) of each array,
+    for readers that stream the index in chunks instead of paging it all in).
     """
 
     format_name = "megatron-indexed"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str | os.PathLike) -> None:
         self.path_prefix = prefix_of(path)
         self.idx_path = self.path_prefix + ".idx"
         self.bin_path = self.path_prefix + ".bin"
@@ -58,8 +63,12 @@ class IndexedDataset:
                     f"{p}: file not found (an IndexedDataset needs both "
                     f"{os.path.basename(self.idx_path)} and {os.path.basename(self.bin_path)})"
                 )
-        self._open_index()
-        self._open_data()
+        try:
+            self._open_index()
+            self._open_data()
+        except OSError as exc:  # unreadable file, not a bug: one line for the user
+            raise FormatError(f"{exc.filename or self.path_prefix}: cannot read "
+                              f"({exc.strerror or exc}); check the file's permissions") from None
 
     # -- opening ---------------------------------------------------------
 
@@ -75,20 +84,24 @@ class IndexedDataset:
         if magic != MAGIC:
             raise FormatError(
                 f"{self.idx_path}: bad magic {magic!r} at byte 0 (expected {MAGIC!r}); "
-                "not a Megatron IndexedDataset index"
+                "not a Megatron IndexedDataset index (Modalities files need the .pbin suffix)"
             )
         if version != VERSION:
             raise FormatError(
-                f"{self.idx_path}: unsupported version {version} at byte 9 (only {VERSION} exists)"
+                f"{self.idx_path}: unsupported version {version} at byte 9 (only {VERSION} "
+                "exists); "
+                "the index is corrupt or not written by Megatron"
             )
         if code not in CODE_TO_DTYPE:
             raise FormatError(
-                f"{self.idx_path}: unknown dtype code {code} at byte 17 (valid codes: 1-8)"
+                f"{self.idx_path}: unknown dtype code {code} at byte 17 (valid codes: 1-8); "
+                "the index is corrupt, rebuild it"
             )
         if doc_count < 1:
             raise FormatError(
                 f"{self.idx_path}: document count field at byte 26 is {doc_count}; it must be "
-                "at least 1 (document_indices always ends with the sequence count)"
+                "at least 1 (document_indices always ends with the sequence count); "
+                "the index is corrupt, rebuild it"
             )
         base = HEADER_SIZE + 12 * n + 8 * doc_count
         if idx_size not in (base, base + n):
@@ -103,96 +116,60 @@ class IndexedDataset:
         self.num_documents = doc_count - 1
         self.multimodal = idx_size == base + n
         self.idx_size = idx_size
-        mm = np.memmap(self.idx_path, dtype=np.uint8, mode="r") if idx_size else None
+        off_ptr = HEADER_SIZE + 4 * n
+        off_doc = off_ptr + 8 * n
+        off_mode = off_doc + 8 * doc_count
+        self.array_layout = {
+            "sequence_lengths": (HEADER_SIZE, np.dtype("<i4"), n),
+            "sequence_pointers": (off_ptr, np.dtype("<i8"), n),
+            "document_indices": (off_doc, np.dtype("<i8"), doc_count),
+        }
+        if self.multimodal:
+            self.array_layout["sequence_modes"] = (off_mode, np.dtype("i1"), n)
+        mm = np.memmap(self.idx_path, dtype=np.uint8, mode="r")
         self._idx_map = mm
-        off = HEADER_SIZE
-        self.sequence_lengths = mm[off : off + 4 * n].view(np.int32)
-        off += 4 * n
-        self.sequence_pointers = mm[off : off + 8 * n].view(np.int64)
-        off += 8 * n
-        self.document_indices = mm[off : off + 8 * doc_count].view(np.int64)
-        off += 8 * doc_count
-        self.sequence_modes = mm[off : off + n].view(np.int8) if self.multimodal else None
+        self.sequence_lengths = mm[HEADER_SIZE:off_ptr].view(np.int32)
+        self.sequence_pointers = mm[off_ptr:off_doc].view(np.int64)
+        self.document_indices = mm[off_doc:off_mode].view(np.int64)
+        self.sequence_modes = mm[off_mode : off_mode + n].view(np.int8) if self.multimodal else None
 
     def _open_data(self) -> None:
+        # O(1) spot checks of what Megatron's writer guarantees: the first and last
+        # sequence and both ends of document_indices. `mmfs verify` checks the rest.
         self.bin_size = os.path.getsize(self.bin_path)
+        self.data_section = (0, self.bin_size)
         n = self.num_sequences
-        if n:
-            last_ptr = int(self.sequence_pointers[-1])
-            last_len = int(self.sequence_lengths[-1])
-            end = last_ptr + last_len * self.dtype.itemsize
-            if last_ptr < 0 or last_len < 0 or end > self.bin_size:
+        item = self.dtype.itemsize
+        for seq in sorted({0, n - 1}) if n else ():
+            ptr = int(self.sequence_pointers[seq])
+            length = int(self.sequence_lengths[seq])
+            end = ptr + length * item
+            if length < 0:
                 raise FormatError(
-                    f"{self.bin_path}: the last sequence (id {n - 1}) spans bytes "
-                    f"{last_ptr}..{end} but the file has {self.bin_size} bytes; the .bin is "
-                    "truncated or does not belong to this .idx"
+                    f"{self.idx_path}: sequence_lengths[{seq}] (byte "
+                    f"{HEADER_SIZE + 4 * seq}) is {length}, negative; the index is corrupt, "
+                    "rebuild it"
                 )
-        if self.document_indices[-1] != n:
+            if ptr < 0 or end > self.bin_size:
+                raise FormatError(
+                    f"{self.bin_path}: sequence {seq} spans bytes {ptr}..{end} but the file "
+                    f"has {self.bin_size} bytes; the .bin is truncated or does not belong to "
+                    "this .idx (rebuild or re-copy both files)"
+                )
+        off_doc = self.array_layout["document_indices"][0]
+        first, last = int(self.document_indices[0]), int(self.document_indices[-1])
+        if first != 0:
             raise FormatError(
-                f"{self.idx_path}: document_indices ends with {int(self.document_indices[-1])}, "
-                f"expected the sequence count {n}; the index is corrupt"
+                f"{self.idx_path}: document_indices[0] (byte {off_doc}) is {first}, expected 0; "
+                "the index is corrupt, rebuild it"
+            )
+        if last != n:
+            k = self.num_documents
+            raise FormatError(
+                f"{self.idx_path}: document_indices[{k}] (byte {off_doc + 8 * k}) is {last}, "
+                f"expected the sequence count {n}; the index is corrupt, rebuild it"
             )
         if self.bin_size:
             self.data = np.memmap(self.bin_path, dtype=np.uint8, mode="r")
         else:
             self.data = np.zeros(0, dtype=np.uint8)
-
-    # -- reading ---------------------------------------------------------
-
-    def __len__(self) -> int:
-        return self.num_sequences
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.sequence_lengths.sum(dtype=np.int64))
-
-    def get(self, seq: int, offset: int = 0, length: int | None = None) -> np.ndarray:
-        """Tokens [offset, offset + length) of sequence `seq` (bounds-checked)."""
-        n = self.num_sequences
-        if not 0 <= seq < n:
-            raise IndexError(f"{self.path_prefix}: sequence {seq} out of range [0, {n})")
-        seq_len = int(self.sequence_lengths[seq])
-        if length is None:
-            length = seq_len - offset
-        if offset < 0 or length < 0 or offset + length > seq_len:
-            raise IndexError(
-                f"{self.path_prefix}: tokens [{offset}, {offset + length}) outside sequence "
-                f"{seq} of length {seq_len}"
-            )
-        item = self.dtype.itemsize
-        start = int(self.sequence_pointers[seq]) + offset * item
-        stop = start + length * item
-        if start < 0 or stop > self.bin_size:
-            raise FormatError(
-                f"{self.bin_path}: sequence {seq} points to bytes {start}..{stop}, outside the "
-                f"{self.bin_size}-byte file; run `mmfs verify {self.path_prefix}`"
-            )
-        return np.frombuffer(self.data, dtype=self.dtype, count=length, offset=start)
-
-    def __getitem__(self, key):
-        if isinstance(key, slice):
-            start, stop, step = key.indices(self.num_sequences)
-            if step != 1:
-                raise ValueError("slices must be contiguous")
-            return [self.get(i) for i in range(start, stop)]
-        key = int(key)
-        if key < 0:
-            key += self.num_sequences
-        return self.get(key)
-
-    def document_sequences(self, doc: int) -> range:
-        """The sequence ids of document `doc`."""
-        if not 0 <= doc < self.num_documents:
-            raise IndexError(f"{self.path_prefix}: document {doc} out of range")
-        beg, end = int(self.document_indices[doc]), int(self.document_indices[doc + 1])
-        if not 0 <= beg <= end <= self.num_sequences:
-            raise FormatError(
-                f"{self.idx_path}: document {doc} spans sequences {beg}..{end}, outside "
-                f"[0, {self.num_sequences}]; run `mmfs verify {self.path_prefix}`"
-            )
-        return range(beg, end)
-
-    def get_document(self, doc: int) -> np.ndarray:
-        """Every token of document `doc` (its sequences concatenated)."""
-        parts = [self.get(s) for s in self.document_sequences(doc)]
-        return np.concatenate(parts) if parts else np.zeros(0, self.dtype)

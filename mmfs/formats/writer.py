@@ -1,0 +1,193 @@
+"""Writers: Megatron's IndexedDataset (.bin/.idx) and Modalities' packed .pbin.
+
+`IndexedDatasetWriter` follows megatron-core's `IndexedDatasetBuilder`: for the same
+calls it writes byte-identical files. It differs only where Megatron would write a
+file its own reader rejects or silently corrupt tokens: out-of-range token values,
+lengths that do not add up, and sequences never closed by `end_document()` raise
+ValueError instead.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import struct
+from array import array
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from ..errors import FormatError
+from .dtypes import DTYPE_TO_CODE
+from .indexed import HEADER, MAGIC, VERSION, IndexedDataset
+
+_INT32_MAX = 2**31 - 1
+
+
+def _as_tokens(tokens, dtype: np.dtype) -> np.ndarray:
+    """`tokens` as a flat C-order array of `dtype`; ValueError if a value does not fit."""
+    src = np.asarray(tokens)
+    if src.dtype == object:
+        raise ValueError("tokens must be numbers, not Python objects")
+    out = np.ascontiguousarray(src, dtype=dtype).reshape(-1)
+    # Megatron casts blindly (70000 becomes 4464 in uint16); a round trip catches it.
+    back = out.astype(src.dtype, copy=False).reshape(-1)
+    same = np.array_equal(back, src.reshape(-1), equal_nan=src.dtype.kind in "fc")
+    if not same:
+        raise ValueError(f"token values do not fit {dtype.name} (vocabulary too large?)")
+    return out
+
+
+def _check_lengths(lengths: np.ndarray) -> None:
+    if lengths.size and (lengths.min() < 0 or lengths.max() > _INT32_MAX):
+        raise ValueError("sequence lengths must be in [0, 2**31 - 1]")
+
+
+class IndexedDatasetWriter:
+    """Writes a Megatron IndexedDataset: tokens go to `bin_path` as they come, the
+    index to `finalize(idx_path)`.
+
+    dtype: token dtype (one of MMIDIDX codes 1-8; see dtypes.optimal_dtype).
+    multimodal: also store one int8 mode per sequence.
+    """
+
+    def __init__(self, bin_path: str, dtype=np.int32, multimodal: bool = False) -> None:
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in DTYPE_TO_CODE:
+            raise ValueError(f"dtype {self.dtype} has no MMIDIDX code (valid: uint8, int8, "
+                             "int16, int32, int64, float64, float32, uint16)")
+        self.bin_path = os.fspath(bin_path)
+        self.multimodal = multimodal
+        # Compact typed buffers: a Python list of ints costs ~10x the memory.
+        self.sequence_lengths = array("q")
+        self.document_indices = array("q", [0])
+        self.sequence_modes = array("q") if multimodal else None
+        self._data = open(self.bin_path, "wb")  # noqa: SIM115 - open until finalize()
+
+    def __enter__(self) -> IndexedDatasetWriter:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the .bin without writing an index (finalize closes it too)."""
+        if not self._data.closed:
+            self._data.close()
+
+    def add_item(self, tokens, mode: int | None = None) -> None:
+        """Append one sequence (any array-like, flattened in C order)."""
+        arr = _as_tokens(tokens, self.dtype)
+        self._data.write(arr.tobytes())
+        self.sequence_lengths.append(arr.size)
+        if self.sequence_modes is not None:
+            self.sequence_modes.append(0 if mode is None else int(mode))
+
+    def end_document(self) -> None:
+        """Close the current document: it holds the sequences added since the last one."""
+        self.document_indices.append(len(self.sequence_lengths))
+
+    def add_document(self, tokens, lengths: Sequence[int],
+                     modes: Sequence[int] | None = None) -> None:
+        """Append one document of several sequences: `tokens` concatenated, split by `lengths`."""
+        arr = _as_tokens(tokens, self.dtype)
+        lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        _check_lengths(lens)
+        if int(lens.sum()) != arr.size:
+            raise ValueError(f"lengths add up to {int(lens.sum())} but there are {arr.size} tokens")
+        if modes is not None and len(modes) != lens.size:
+            raise ValueError(f"{len(modes)} modes for {lens.size} sequences")
+        self._data.write(arr.tobytes())
+        self.sequence_lengths.extend(lens.tolist())
+        self.document_indices.append(len(self.sequence_lengths))
+        if self.sequence_modes is not None:
+            # Megatron's default here is a bug ([0] * list); zero per sequence is its intent.
+            self.sequence_modes.extend([int(m) for m in modes] if modes is not None
+                                       else [0] * lens.size)
+
+    def add_index(self, path_prefix: str) -> None:
+        """Append a whole existing dataset (its documents and tokens) after what is written."""
+        other = IndexedDataset(path_prefix)
+        if other.dtype != self.dtype:
+            raise FormatError(f"{other.idx_path}: dtype {other.dtype} differs from this "
+                              f"writer's {self.dtype}; merge only datasets of one dtype")
+        if self.multimodal and not other.multimodal:
+            raise FormatError(f"{other.idx_path}: has no sequence modes but the writer is "
+                              "multimodal; merge only multimodal datasets into it")
+        token_bytes = other.num_tokens * self.dtype.itemsize
+        if token_bytes != other.bin_size:
+            # Pointers are recomputed from lengths, so the .bin must hold exactly the tokens.
+            raise FormatError(f"{other.bin_path}: {other.bin_size} bytes but its lengths "
+                              f"describe {token_bytes}; run `mmfs verify {other.path_prefix}`")
+        base = len(self.sequence_lengths)
+        self.sequence_lengths.extend(np.asarray(other.sequence_lengths, np.int64).tolist())
+        docs = np.asarray(other.document_indices[1:], dtype=np.int64) + base
+        self.document_indices.extend(docs.tolist())
+        if self.sequence_modes is not None:
+            self.sequence_modes.extend(np.asarray(other.sequence_modes, np.int64).tolist())
+        with open(other.bin_path, "rb") as src:
+            shutil.copyfileobj(src, self._data, 16 << 20)
+
+    def finalize(self, idx_path: str) -> None:
+        """Close the .bin and write the .idx."""
+        self.close()
+        if self.document_indices[-1] != len(self.sequence_lengths):
+            raise ValueError("sequences were added after the last end_document(); "
+                             "call end_document() before finalize()")
+        modes = None
+        if self.sequence_modes is not None:
+            modes = np.asarray(self.sequence_modes, dtype=np.int64)
+            if modes.size and (modes.min() < -128 or modes.max() > 127):
+                raise ValueError("sequence modes must fit int8")
+        write_index(idx_path, self.dtype, np.asarray(self.sequence_lengths, dtype=np.int64),
+                    np.asarray(self.document_indices, dtype=np.int64), modes)
+
+
+# megatron-core's name for the same thing.
+IndexedDatasetBuilder = IndexedDatasetWriter
+
+
+def write_index(idx_path: str, dtype, sequence_lengths: np.ndarray,
+                document_indices: np.ndarray, sequence_modes: np.ndarray | None = None) -> None:
+    """Write an MMIDIDX index; pointers follow from the lengths (tokens back to back)."""
+    dtype = np.dtype(dtype)
+    lengths = np.asarray(sequence_lengths, dtype=np.int64)
+    _check_lengths(lengths)
+    pointers = np.zeros(lengths.size, dtype=np.int64)
+    if lengths.size > 1:
+        np.cumsum(lengths[:-1] * dtype.itemsize, out=pointers[1:])
+    docs = np.asarray(document_indices, dtype=np.int64)
+    with open(idx_path, "wb") as f:
+        f.write(HEADER.pack(MAGIC, VERSION, DTYPE_TO_CODE[dtype], lengths.size, docs.size))
+        f.write(lengths.astype("<i4").tobytes())
+        f.write(pointers.astype("<i8").tobytes())
+        f.write(docs.astype("<i8").tobytes())
+        if sequence_modes is not None:
+            f.write(np.asarray(sequence_modes).astype("<i1").tobytes())
+
+
+# -- Modalities .pbin -------------------------------------------------------
+
+PBIN_HEADER = struct.Struct("<QI")  # data-section length, token size in bytes
+
+
+def write_packed(path: str, documents: Iterable, token_size: int = 2) -> None:
+    """Write a Modalities packed file (.pbin): header, tokens of every document back to
+    back, then the pickled list of (byte offset, byte length) per document, offsets
+    counted from the start of the data section."""
+    dtype = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}.get(token_size)
+    if dtype is None:
+        raise ValueError(f"token size {token_size} is not 1, 2 or 4")
+    index: list[tuple[int, int]] = []
+    offset = 0
+    with open(path, "wb") as f:
+        f.write(PBIN_HEADER.pack(0, token_size))  # length patched below
+        for doc in documents:
+            data = _as_tokens(doc, dtype).tobytes()
+            f.write(data)
+            index.append((offset, len(data)))
+            offset += len(data)
+        f.write(pickle.dumps(index))
+        f.seek(0)
+        f.write(struct.pack("<Q", offset))
