@@ -19,7 +19,6 @@ _MESSAGES = {
     lib.MMFS_E_ARG: "an argument is out of range",
     lib.MMFS_E_DOC_RANGE: "a document index entry names a sequence that does not exist",
     lib.MMFS_E_NEG_LENGTH: "a sequence length is negative",
-    lib.MMFS_E_TOKENS: "the token count does not match the sequence lengths",
     lib.MMFS_E_OUT_SIZE: "an output array has the wrong size",
     lib.MMFS_E_BIN_RANGE: "a sequence lies outside the token file",
     lib.MMFS_E_INDEX_RANGE: "a sample index entry is out of range",

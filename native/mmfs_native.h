@@ -10,7 +10,6 @@
 #define MMFS_E_ARG -1          /* a size or length argument is out of range */
 #define MMFS_E_DOC_RANGE -2    /* a document id is outside the sequence array */
 #define MMFS_E_NEG_LENGTH -3   /* a sequence length is negative */
-#define MMFS_E_TOKENS -4       /* tokens_per_epoch disagrees with the lengths */
 #define MMFS_E_OUT_SIZE -5     /* the output buffer has the wrong size */
 #define MMFS_E_BIN_RANGE -6    /* a sequence lies outside the token file */
 #define MMFS_E_INDEX_RANGE -7  /* a sample/document index entry is out of range */

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
 from ..native import check, ffi, lib, pointer
 
 log = logging.getLogger(__name__)
@@ -126,12 +125,6 @@ def build_sample_index(lengths: np.ndarray, document_index: np.ndarray, p: GptPa
         p.sequence_length, plan.num_epochs, plan.tokens_per_epoch, drop_last, p.extra,
         ffi.cast("void *", out.ctypes.data), n + 1, int(wide),
     )
-    if rc == lib.MMFS_E_TOKENS:
-        raise ConfigError(
-            f"{p.dataset_path} ({p.split}): Megatron's single-precision sample count "
-            f"({n}) exceeds the samples the tokens allow; megatron-core aborts here too. "
-            "Set drop_last_partial_validation_sequence: true"
-        )
     check(rc, f"{p.dataset_path} ({p.split}): sample index")
     return out
 
