@@ -88,9 +88,8 @@ class IndexedDataset(SequenceDataset):
             )
         if version != VERSION:
             raise FormatError(
-                f"{self.idx_path}: unsupported version {version} at byte 9 (only {VERSION} "
-                "exists); "
-                "the index is corrupt or not written by Megatron"
+                f"{self.idx_path}: unsupported version {version} at byte 9 (only "
+                f"{VERSION} exists); the index is corrupt or not written by Megatron"
             )
         if code not in CODE_TO_DTYPE:
             raise FormatError(
