@@ -1,0 +1,100 @@
+"""Stream a dataset's index arrays in fixed-size chunks.
+
+Scanning a memory-mapped .idx pages the whole file into the process (a 2 GB index
+shows up as 2 GB resident); reading chunks with plain file reads keeps memory at
+one chunk whatever the dataset size.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..errors import FormatError
+
+CHUNK = 1 << 20  # entries per chunk: 4-8 MB per array
+
+log = logging.getLogger(__name__)
+
+
+def iter_array(ds, name: str, chunk: int = CHUNK) -> Iterator[tuple[int, np.ndarray]]:
+    """(first index, values) chunks of the array `name` of dataset `ds`."""
+    layout = getattr(ds, "array_layout", {}).get(name)
+    if layout is None:  # an in-memory array (.pbin): slicing costs nothing
+        arr = getattr(ds, name)
+        for start in range(0, len(arr), chunk):
+            yield start, np.asarray(arr[start : start + chunk])
+        return
+    offset, dtype, count = layout
+    with open(ds.idx_path, "rb", buffering=0) as f:
+        f.seek(offset)
+        for start in range(0, count, chunk):
+            k = min(chunk, count - start)
+            out = np.empty(k, dtype=dtype)
+            got = f.readinto(memoryview(out).cast("B"))
+            if got != out.nbytes:  # the file shrank after it was opened
+                raise FormatError(f"{ds.idx_path}: ends inside {name} at entry "
+                                  f"{start + got // dtype.itemsize}; the file was truncated")
+            yield start, out
+
+
+def element_offset(ds, name: str, i: int) -> str:
+    """'name[i] (byte B of the .idx)' when the array lives in a file, else 'name[i]'."""
+    layout = getattr(ds, "array_layout", {}).get(name)
+    if layout is None:
+        return f"{name}[{i}]"
+    offset, dtype, _ = layout
+    return f"{name}[{i}] (byte {offset + i * dtype.itemsize})"
+
+
+class Progress:
+    """Logs 'what: p%' at most every `every` seconds; silent for quick jobs."""
+
+    def __init__(self, what: str, total: int, every: float = 5.0) -> None:
+        self.what, self.total, self.every = what, max(total, 1), every
+        self.last = time.monotonic()
+
+    def update(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            log.info("%s: %d%% (%s of %s)", self.what, 100 * done // self.total,
+                     f"{done:,}", f"{self.total:,}")
+
+
+def iter_document_lengths(ds, chunk: int = CHUNK) -> Iterator[np.ndarray]:
+    """Tokens per document (int64 chunks), from sequence lengths and document_indices
+    streamed side by side. document_indices must be valid (verify.check_document_indices)."""
+    seqs = iter_array(ds, "sequence_lengths", chunk)
+    # A window of prefix sums: win[j] = tokens in sequences [0, s + j).
+    s, win = 0, np.zeros(1, dtype=np.int64)
+    prev = None
+    for _, docs in iter_array(ds, "document_indices", chunk):
+        prefix = np.empty(len(docs), dtype=np.int64)
+        i = 0
+        while i < len(docs):
+            e = s + len(win) - 1
+            k = int(np.searchsorted(docs, e, side="right"))  # docs[i:k] fall in the window
+            if k > i:
+                prefix[i:k] = win[docs[i:k] - s]
+                i = k
+            if i < len(docs):
+                try:
+                    _, lengths = next(seqs)
+                except StopIteration:
+                    raise FormatError(f"{ds.idx_path}: document_indices names sequence "
+                                      f"{int(docs[i])}, past the last one; run `mmfs verify "
+                                      f"{ds.path_prefix}`") from None
+                sums = np.cumsum(lengths, dtype=np.int64)
+                sums += win[-1]
+                s, win = e, np.concatenate((win[-1:], sums))
+        if prev is None:
+            out = np.diff(prefix)
+        else:
+            out = np.diff(prefix, prepend=prev)
+        prev = int(prefix[-1])
+        if out.size:
+            yield out
