@@ -1,0 +1,134 @@
+"""Real mounts for tests: `mmfs mount` in a subprocess, always unmounted.
+
+`mounted(config, mountpoint)` is a context manager that runs the real CLI,
+yields a `Mount` (path, daemon pid, log), and on the way out -- also when the
+test failed -- unmounts (lazily if busy, also a stale mount) and waits until
+the daemon process is gone, so no test leaves a mount or a daemon behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def mmfs(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """Run the `mmfs` CLI (this checkout's) and capture its output."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run(
+        [sys.executable, "-m", "mmfs.cli", *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, env=env, **kwargs,
+    )
+
+
+def is_mounted(path: str | os.PathLike) -> bool:
+    """True for a live or a stale mount at `path`."""
+    target = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == target for line in f)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purposes (its parent will reap it).
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def force_unmount(path: str | os.PathLike) -> None:
+    """Unmount whatever is at `path` (live, busy or stale); never raises."""
+    for args in (["fusermount", "-u", str(path)], ["fusermount", "-uz", str(path)]):
+        if not is_mounted(path):
+            return
+        subprocess.run(args, capture_output=True)
+    if is_mounted(path):
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@dataclass
+class Mount:
+    path: Path
+    pid: int
+    log: Path
+    config: Path
+
+    def file(self, rel: str) -> Path:
+        return self.path / rel
+
+
+def start_mount(config: str | os.PathLike, mountpoint: str | os.PathLike, *extra: str) -> Mount:
+    """Run `mmfs mount`; fail the test (with its output) if it does not mount."""
+    mountpoint = Path(mountpoint)
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    log = mountpoint.parent / f"{mountpoint.name}.log"
+    proc = mmfs("mount", config, mountpoint, "--log", log, *extra)
+    if proc.returncode != 0:
+        force_unmount(mountpoint)
+        pytest.fail(f"mmfs mount failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    m = re.search(r"daemon pid (\d+)", proc.stdout)
+    assert m, proc.stdout
+    return Mount(mountpoint, int(m.group(1)), log, Path(config))
+
+
+def stop_mount(mount: Mount) -> None:
+    """Unmount and wait for the daemon to exit; kill it if it lingers."""
+    force_unmount(mount.path)
+    if not wait_gone(mount.pid, 10.0):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(mount.pid, signal.SIGKILL)
+        wait_gone(mount.pid, 5.0)
+        force_unmount(mount.path)
+
+
+@contextlib.contextmanager
+def mounted(config: str | os.PathLike, mountpoint: str | os.PathLike, *extra: str) -> Iterator[Mount]:
+    mount = start_mount(config, mountpoint, *extra)
+    try:
+        yield mount
+    finally:
+        stop_mount(mount)
+
+
+def stat_errno(path: str | os.PathLike) -> int:
+    """The errno os.stat raises for `path`, 0 if it succeeds."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno or -1
+    return 0
+
+
+__all__ = [
+    "Mount", "errno", "force_unmount", "is_mounted", "mmfs", "mounted", "pid_alive",
+    "start_mount", "stat_errno", "stop_mount", "wait_gone",
+]
