@@ -113,7 +113,8 @@ class IndexedDataset(SequenceDataset):
         self.dtype = CODE_TO_DTYPE[code]
         self.num_sequences = n
         self.num_documents = doc_count - 1
-        self.multimodal = idx_size == base + n
+        # with no sequences the modes array is empty and the two layouts coincide
+        self.multimodal = n > 0 and idx_size == base + n
         self.idx_size = idx_size
         off_ptr = HEADER_SIZE + 4 * n
         off_doc = off_ptr + 8 * n

@@ -112,7 +112,7 @@ class IndexedDatasetWriter:
         if other.dtype != self.dtype:
             raise FormatError(f"{other.idx_path}: dtype {other.dtype} differs from this "
                               f"writer's {self.dtype}; merge only datasets of one dtype")
-        if self.multimodal and not other.multimodal:
+        if self.multimodal and not other.multimodal and other.num_sequences:
             raise FormatError(f"{other.idx_path}: has no sequence modes but the writer is "
                               "multimodal; merge only multimodal datasets into it")
         token_bytes = other.num_tokens * self.dtype.itemsize
@@ -124,7 +124,7 @@ class IndexedDatasetWriter:
         self.sequence_lengths.extend(np.asarray(other.sequence_lengths, np.int64).tolist())
         docs = np.asarray(other.document_indices[1:], dtype=np.int64) + base
         self.document_indices.extend(docs.tolist())
-        if self.sequence_modes is not None:
+        if self.sequence_modes is not None and other.sequence_modes is not None:
             self.sequence_modes.extend(np.asarray(other.sequence_modes, np.int64).tolist())
         with open(other.bin_path, "rb") as src:
             shutil.copyfileobj(src, self._data, 16 << 20)
