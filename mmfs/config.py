@@ -194,7 +194,7 @@ def _parse_data_path(text: str, checker: _Checker, key: str) -> list[dict]:
         try:
             weight = float(words[i])
         except ValueError:
-            raise checker.fail(key, f"{words[i]!r} is not a weight (expected WEIGHT PATH pairs)")
+            raise checker.fail(key, f"{words[i]!r} is not a weight (expected WEIGHT PATH pairs)") from None
         entries.append({"path": words[i + 1], "weight": weight})
     return entries
 

@@ -1,7 +1,6 @@
 """The YAML config: every user mistake is one clear error naming the file and the
 key, raised before any index is built."""
 
-import os
 import subprocess
 import sys
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from ..errors import ConfigError
-
 from .corpus import open_corpus
 
 
