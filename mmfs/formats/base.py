@@ -66,7 +66,12 @@ class SequenceDataset:
                 f"{self.bin_path}: sequence {seq} points to bytes {start}..{stop}, outside the "
                 f"token data (bytes {lo}..{hi}); run `mmfs verify {self.path_prefix}`"
             )
-        return np.frombuffer(self.data, dtype=self.dtype, count=length, offset=start)
+        return np.frombuffer(self._buffer, dtype=self.dtype, count=length, offset=start)
+
+    @cached_property
+    def _buffer(self) -> memoryview:
+        # frombuffer on a memoryview is cheaper than on the memmap object itself
+        return memoryview(self.data)
 
     def __getitem__(self, key):
         if isinstance(key, slice):

@@ -126,8 +126,10 @@ class IndexedDataset(SequenceDataset):
         }
         if self.multimodal:
             self.array_layout["sequence_modes"] = (off_mode, np.dtype("i1"), n)
-        mm = np.memmap(self.idx_path, dtype=np.uint8, mode="r")
-        self._idx_map = mm
+        self._idx_map = np.memmap(self.idx_path, dtype=np.uint8, mode="r")
+        # Plain ndarray views of the map: indexing a np.memmap goes through a Python-level
+        # __getitem__, which costs more than the rest of a sequence read.
+        mm = self._idx_map.view(np.ndarray)
         self.sequence_lengths = mm[HEADER_SIZE:off_ptr].view(np.int32)
         self.sequence_pointers = mm[off_ptr:off_doc].view(np.int64)
         self.document_indices = mm[off_doc:off_mode].view(np.int64)
