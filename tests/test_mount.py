@@ -11,7 +11,6 @@ import json
 import multiprocessing as mp
 import os
 import random
-import signal
 import subprocess
 import threading
 import time
@@ -23,15 +22,9 @@ import pytest
 from golden_cases import GOLDEN, case_names, expected_samples, write_case_config
 from mmfs.formats import open_dataset
 from mount_fixtures import (
-    force_unmount,
-    is_mounted,
-    mmfs,
     mounted,
     pid_alive,
-    start_mount,
     stat_errno,
-    stop_mount,
-    wait_gone,
 )
 
 SPLITS = ("train", "valid", "test")

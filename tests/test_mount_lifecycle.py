@@ -5,6 +5,7 @@ split listed without the daemon growing."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -22,7 +23,6 @@ from mount_fixtures import (
     is_mounted,
     mmfs,
     mounted,
-    pid_alive,
     start_mount,
     stat_errno,
     stop_mount,
@@ -198,10 +198,13 @@ def test_ten_million_samples_list_lazily(tmp_path):
     )
     with mounted(config, tmp_path / "mnt") as m:
         samples = m.path / "samples"
-        count = int(__import__("json").loads((m.path / "mmfs.json").read_text())["samples"]["train"])
+        count = int(json.loads((m.path / "mmfs.json").read_text())["samples"]["train"])
         assert count >= 10_000_000
         width = len(str(count - 1))
-        rss = lambda: int(next(l for l in open(f"/proc/{m.pid}/status") if l.startswith("RssAnon")).split()[1])  # noqa: E731
+        def rss() -> int:
+            with open(f"/proc/{m.pid}/status") as f:
+                return int(next(line for line in f if line.startswith("RssAnon")).split()[1])
+
         before = rss()
         t0 = time.monotonic()
         head = subprocess.run(f"ls -U {samples} | head -3", shell=True, capture_output=True,
@@ -209,13 +212,13 @@ def test_ten_million_samples_list_lazily(tmp_path):
         assert time.monotonic() - t0 < 1.0
         assert head.stdout.split() == [f"{i:0{width}d}.bin" for i in range(3)]
         # Stream a good part of the directory through os.scandir.
-        seen = 0
+        seen, last_name = 0, ""
         with os.scandir(samples) as it:
             for entry in it:
-                seen += 1
+                seen, last_name = seen + 1, entry.name
                 if seen == 1_000_000:
                     break
-        assert entry.name == f"{999_999:0{width}d}.bin"
+        assert last_name == f"{999_999:0{width}d}.bin"
         assert rss() - before < 8 * 1024, "the daemon's memory grew with the listing"
         last = samples / f"{count - 1:0{width}d}.bin"
         assert last.stat().st_size == 9 * 2
