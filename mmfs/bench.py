@@ -265,6 +265,11 @@ def megatron_dataset(corpus: Any, split: str, cache_dir: str) -> Any:
         )
         from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
+    import torch
+
+    # One thread: idle OpenMP workers spinning after each tensor op would steal
+    # the CPU from the other methods measured in the same process.
+    torch.set_num_threads(1)
     cfg = corpus.config
     names = ("train", "valid", "test")
 

@@ -28,6 +28,7 @@ from typing import Any
 import fuse as fusepy
 
 from .errors import MountError
+from .latency import LatencyGuard
 from .tree import DIR_MODE, FILE_MODE, Blob, Dir, Generated, SampleView, Tree
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,10 @@ class MmfsFUSE(fusepy.FUSE):
     """fusepy's FUSE with the hot paths (getattr, read, readdir, open)
     talking to the tree and to libfuse's buffers directly."""
 
-    def __init__(self, operations: Operations, mountpoint: str, **kwargs: Any) -> None:
+    def __init__(self, operations: Operations, mountpoint: str, guard: LatencyGuard,
+                 **kwargs: Any) -> None:
         self._tree = operations.tree
+        self._touch = guard.touch
         self._uid, self._gid = os.getuid(), os.getgid()
         self._st_dir = fusepy.c_stat(st_mode=DIR_MODE)
         self._st_file = fusepy.c_stat(st_mode=FILE_MODE)
@@ -126,6 +129,7 @@ class MmfsFUSE(fusepy.FUSE):
         return -errno.ENOSYS
 
     def fgetattr(self, path: bytes, buf: Any, fip: Any) -> int:
+        self._touch()
         try:
             node = self._tree.lookup(path.decode("utf-8", "surrogateescape"))
             if node is None:
@@ -159,6 +163,7 @@ class MmfsFUSE(fusepy.FUSE):
         return st
 
     def read(self, path: bytes, buf: Any, size: int, offset: int, fip: Any) -> int:
+        self._touch()
         try:
             node = self._tree.lookup(path.decode("utf-8", "surrogateescape"))
             if isinstance(node, Generated):
@@ -230,10 +235,12 @@ def serve(tree: Tree, mountpoint: str, options: dict[str, Any] | None = None) ->
 
     `options` are libfuse mount options on top of DEFAULT_OPTIONS, plus mmfs's
     own `threads` (use fusepy's multithreaded loop instead of the single
-    thread, which is faster here, see README.md)."""
+    thread, which is faster here, see README.md) and `no_low_latency` (do not
+    keep idle CPUs polling while requests flow, see latency.py)."""
     opts = dict(DEFAULT_OPTIONS)
     opts.update(options or {})
     threads = bool(opts.pop("threads", False))
+    low_latency = not opts.pop("no_low_latency", False)
     opts.pop("nothreads", None)
     opts.pop("foreground", None)
     if opts.get("rw"):
@@ -243,10 +250,13 @@ def serve(tree: Tree, mountpoint: str, options: dict[str, Any] | None = None) ->
     opts.setdefault("fsname", "mmfs:" + "".join(c if c.isalnum() or c in "._-" else "_" for c in name))
     ops = Operations(tree)
     log.info("serving %s (%s loop)", mountpoint, "multithreaded" if threads else "single-thread")
+    guard = LatencyGuard(enabled=low_latency)
     try:
-        MmfsFUSE(ops, mountpoint, foreground=True, nothreads=not threads, **opts)
+        MmfsFUSE(ops, mountpoint, guard, foreground=True, nothreads=not threads, **opts)
     except RuntimeError as exc:
         raise MountError(
             f"{mountpoint}: libfuse could not mount or serve it (code {exc}); the line "
             "libfuse printed above says why"
         ) from None
+    finally:
+        guard.close()

@@ -69,6 +69,7 @@ class MountPointState:
     path: str
     state: str  # "missing" | "not-dir" | "stale" | "mounted" | "not-empty" | "empty"
     fstype: str | None = None
+    reason: str | None = None  # the error a stale mount answers with
 
 
 def mount_point_state(path: str) -> MountPointState:
@@ -78,7 +79,7 @@ def mount_point_state(path: str) -> MountPointState:
         st = os.stat(path)
     except OSError as exc:
         if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):
-            return MountPointState(path, "stale", mount_type(real))
+            return MountPointState(path, "stale", mount_type(real), exc.strerror)
         if exc.errno == errno.ENOENT:
             return MountPointState(path, "missing")
         raise MountError(f"{path}: {exc.strerror}") from None
@@ -90,7 +91,7 @@ def mount_point_state(path: str) -> MountPointState:
             os.statvfs(path)
         except OSError as exc:
             if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):
-                return MountPointState(path, "stale", fstype)
+                return MountPointState(path, "stale", fstype, exc.strerror)
         return MountPointState(path, "mounted", fstype)
     if not stat.S_ISDIR(st.st_mode):
         return MountPointState(path, "not-dir")
@@ -113,8 +114,8 @@ def check_mount_point(path: str, allow_nonempty: bool = False) -> None:
     if s.state == "stale":
         raise MountError(
             f"{path}: a stale mount left by an mmfs daemon that is no longer running "
-            f"(Transport endpoint is not connected); clear it with `mmfs umount {path}`, "
-            "then mount again"
+            f"({s.reason or 'Transport endpoint is not connected'}); clear it with "
+            f"`mmfs umount {path}`, then mount again"
         )
     if s.state == "mounted":
         what = f"a {s.fstype} file system" if s.fstype else "a file system"

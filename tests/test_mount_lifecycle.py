@@ -137,7 +137,9 @@ def test_sigkill_leaves_a_stale_mount_that_umount_clears(tmp_path, p2_config):
         assert wait_gone(m.pid)
         with pytest.raises(OSError) as exc:
             os.listdir(mnt)
-        assert exc.value.errno == errno.ENOTCONN
+        # "Transport endpoint is not connected", or "Software caused connection
+        # abort" when the kernel saw the daemon's /dev/fuse closed under it.
+        assert exc.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
         line = _one_error_line(mmfs("mount", p2_config, mnt))
         assert "stale" in line and f"mmfs umount {mnt}" in line
         proc = mmfs("umount", mnt)
