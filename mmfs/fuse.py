@@ -29,7 +29,7 @@ import fuse as fusepy
 
 from .errors import MountError
 from .latency import LatencyGuard
-from .tree import DIR_MODE, FILE_MODE, Blob, Dir, Generated, SampleView, Tree
+from .tree import DIR_MODE, FILE_MODE, LINK_MODE, Blob, Dir, Generated, SampleView, Tree
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ class MmfsFUSE(fusepy.FUSE):
         self._uid, self._gid = os.getuid(), os.getgid()
         self._st_dir = fusepy.c_stat(st_mode=DIR_MODE)
         self._st_file = fusepy.c_stat(st_mode=FILE_MODE)
+        self._st_link = fusepy.c_stat(st_mode=LINK_MODE)
         self._stat_cache: dict[Any, Any] = {}
         super().__init__(operations, mountpoint, **kwargs)  # runs until unmounted
 
@@ -209,10 +210,10 @@ class MmfsFUSE(fusepy.FUSE):
                     if filler(buf, fmt % i, st_file, i + 3):
                         break
                 return 0
-            enc = self.encoding
+            kinds = {FILE_MODE: st_file, DIR_MODE: st_dir, LINK_MODE: self._st_link}
             for name, mode in self._tree.entries(node, pos - 2):
                 pos += 1
-                if filler(buf, name.encode(enc), st_file if mode == FILE_MODE else st_dir, pos):
+                if filler(buf, name.encode("utf-8", "surrogateescape"), kinds[mode], pos):
                     break
             return 0
         except Exception:

@@ -294,7 +294,11 @@ def mount_command(args: argparse.Namespace) -> int:
     log_path = os.path.abspath(args.log or default_log_path(mountpoint))
     level = logging.getLogger().getEffectiveLevel()
     pid = spawn_daemon(tree, mountpoint, options, log_path, level)
-    wait_until_mounted(mountpoint, pid, log_path)
+    try:
+        wait_until_mounted(mountpoint, pid, log_path)
+    except KeyboardInterrupt:  # Ctrl-C while waiting: leave nothing behind
+        os.kill(pid, signal.SIGTERM)
+        raise
     if not quiet:
         print(f"mmfs: mounted {args.config} on {mountpoint} (daemon pid {pid}, log {log_path})")
     return 0

@@ -172,6 +172,14 @@ def test_read_with_tools(p2):
         os.close(fd)
 
 
+def test_listing_kinds(p2):
+    kinds = {e.name: (e.is_symlink(), e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False))
+             for e in os.scandir(p2.path)}
+    assert kinds["samples"] == (True, False, False)
+    assert kinds["train"] == (False, True, False)
+    assert kinds["mmfs.json"] == (False, False, True)
+
+
 def test_listing_and_stat_tools(p2):
     out = subprocess.run(["ls", "-l", p2.path], capture_output=True, text=True, check=True).stdout
     assert "samples -> train/samples" in out and "mmfs.json" in out
@@ -324,4 +332,5 @@ def test_dotdot_stays_in_the_mount(p2):
     assert (p2.path / "samples" / ".." / "samples" / "0000000.bin").read_bytes() == (
         p2.path / "train" / "samples" / "0000000.bin").read_bytes()
     assert os.path.samefile(p2.path / "train" / "samples" / ".." / "..", p2.path)
-    assert "[ERROR]" not in p2.log.read_text() and "Traceback" not in p2.log.read_text()
+    log = p2.log.read_text()
+    assert " ERROR " not in log and "Traceback" not in log, log
