@@ -334,3 +334,37 @@ def test_dotdot_stays_in_the_mount(p2):
     assert os.path.samefile(p2.path / "train" / "samples" / ".." / "..", p2.path)
     log = p2.log.read_text()
     assert " ERROR " not in log and "Traceback" not in log, log
+
+
+def test_packed_and_indexed_blend(tmp_path):
+    """A Modalities .pbin (uint32 tokens) blended with an IndexedDataset (uint16):
+    samples are uint32, each dataset's own files keep its own dtype."""
+    from mmfs.formats.writer import write_packed
+    from mmfs.sampling import open_corpus
+
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(0, 100_000, size=int(n), dtype=np.uint32) for n in rng.integers(1, 300, 400)]
+    for d in docs:
+        d[-1] = 99_999
+    write_packed(str(tmp_path / "web.pbin"), docs, token_size=4)
+    (tmp_path / "data").symlink_to(GOLDEN / "data", target_is_directory=True)
+    config = tmp_path / "mix.yaml"
+    config.write_text(
+        "datasets:\n  - {path: web.pbin, weight: 0.6}\n  - {path: data/u16_small, weight: 0.4}\n"
+        "split: '90,10,0'\nsamples: {train: 300, valid: 20}\nsequence_length: 64\nseed: 9\n"
+        "tokenizer: {eod: 99999}\ncache_dir: cache\n"
+    )
+    corpus = open_corpus(str(config), progress=False)
+    with mounted(config, tmp_path / "mnt") as m:
+        info = _info(m)
+        assert info["dtype"] == "uint32" and info["bytes_per_sample"] == 65 * 4
+        for split, reader in corpus.splits.items():
+            for i in range(len(reader)):
+                assert (m.path / split / "samples" / f"{i:07d}.bin").read_bytes() == reader.read(i)
+        web = m.path / "datasets" / "web"
+        for i, d in enumerate(docs):
+            assert (web / "documents" / f"{i:07d}.bin").read_bytes() == d.astype("<u4").tobytes()
+            assert (web / "sequences" / f"{i:07d}.bin").read_bytes() == d.astype("<u4").tobytes()
+        assert os.stat(m.path / "datasets" / "u16_small" / "sequences" / "0000000.bin").st_size == (
+            open_dataset(GOLDEN / "data" / "u16_small").get(0).nbytes)
+        assert not (m.path / "documents").exists()
