@@ -22,44 +22,52 @@ COMMANDS = {
 }
 
 
+def add_verbosity(parser: argparse.ArgumentParser, default) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-v", "--verbose", action="store_true", default=default, help="log more")
+    group.add_argument("-q", "--quiet", action="store_true", default=default, help="log only errors")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmfs", description="Megatron-LM training samples as a read-only file system."
     )
     parser.add_argument("--version", action="version", version=f"mmfs {__version__}")
-    verbosity = parser.add_mutually_exclusive_group()
-    verbosity.add_argument("-v", "--verbose", action="store_true", help="log more")
-    verbosity.add_argument("-q", "--quiet", action="store_true", help="log only errors")
+    add_verbosity(parser, default=False)
+    # -v/-q also after the subcommand (`mmfs mount C M -v`); SUPPRESS keeps a flag
+    # given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    add_verbosity(common, default=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("info", help="describe a dataset (.idx/.bin prefix or .pbin)")
+    p = sub.add_parser("info", parents=[common], help="describe a dataset (.idx/.bin prefix or .pbin)")
     p.add_argument("path", help="dataset prefix, .idx, .bin or .pbin file")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
 
-    p = sub.add_parser("verify", help="check every pointer, length and index of a dataset")
+    p = sub.add_parser("verify", parents=[common], help="check every pointer, length and index of a dataset")
     p.add_argument("path", help="dataset prefix, .idx, .bin or .pbin file")
 
-    p = sub.add_parser("build", help="build (or load) the sample indices of a config")
+    p = sub.add_parser("build", parents=[common], help="build (or load) the sample indices of a config")
     p.add_argument("config", help="YAML config")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
-    p = sub.add_parser("sample", help="print one sample's tokens and provenance")
+    p = sub.add_parser("sample", parents=[common], help="print one sample's tokens and provenance")
     p.add_argument("config", help="YAML config")
     p.add_argument("index", type=int, help="sample index in the split")
     p.add_argument("--split", default="train", choices=["train", "valid", "test"])
 
-    p = sub.add_parser("mount", help="mount a config's samples as files")
+    p = sub.add_parser("mount", parents=[common], help="mount a config's samples as files")
     p.add_argument("config", help="YAML config")
     p.add_argument("mountpoint", help="an empty directory")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument("-o", dest="options", default="", help="extra FUSE options, comma-separated")
     p.add_argument("--log", help="daemon log file (default: printed at mount time)")
 
-    p = sub.add_parser("umount", help="unmount an mmfs mount (also a stale one)")
+    p = sub.add_parser("umount", parents=[common], help="unmount an mmfs mount (also a stale one)")
     p.add_argument("mountpoint")
     p.add_argument("--lazy", action="store_true", help="detach a busy mount now")
 
-    p = sub.add_parser("bench", help="measure read speed of a mount or a config")
+    p = sub.add_parser("bench", parents=[common], help="measure read speed of a mount or a config")
     p.add_argument("target", help="a mounted mmfs directory or a YAML config")
     p.add_argument("-n", "--samples", type=int, default=20000, help="samples per pass")
     p.add_argument("--readers", default="1,2,4", help="reader process counts")

@@ -50,6 +50,11 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 
 STAT_SIZE = ctypes.sizeof(fusepy.c_stat)
 
+# Resident memory the daemon allows itself before it unmaps the index and token
+# pages its reads touched (they stay in the page cache); `-o max_rss_mb=N`.
+DEFAULT_MAX_RSS_MB = 112
+TRIM_EVERY = 64
+
 
 def _erofs(*_args: Any) -> None:
     raise fusepy.FuseOSError(errno.EROFS)
@@ -115,9 +120,14 @@ class MmfsFUSE(fusepy.FUSE):
     talking to the tree and to libfuse's buffers directly."""
 
     def __init__(self, operations: Operations, mountpoint: str, guard: LatencyGuard,
-                 **kwargs: Any) -> None:
+                 max_rss_mb: int = DEFAULT_MAX_RSS_MB, **kwargs: Any) -> None:
         self._tree = operations.tree
         self._touch = guard.touch
+        # Reads map index and token pages into the daemon; every TRIM_EVERY sample
+        # reads, drop them if resident memory passed max_rss_mb (0: never).
+        trim = getattr(self._tree.corpus, "trim_memory", None)
+        self._trim = (lambda: trim(max_rss_mb)) if trim and max_rss_mb > 0 else None
+        self._reads = 0
         self._uid, self._gid = os.getuid(), os.getgid()
         self._st_dir = fusepy.c_stat(st_mode=DIR_MODE)
         self._st_file = fusepy.c_stat(st_mode=FILE_MODE)
@@ -174,6 +184,9 @@ class MmfsFUSE(fusepy.FUSE):
                     address = ctypes.addressof(buf.contents)
                     if view.read_to_address is not None:
                         view.read_to_address(i, address)
+                        self._reads += 1
+                        if self._trim is not None and self._reads % TRIM_EVERY == 0:
+                            self._trim()
                         return view.sample_bytes
                     target = (ctypes.c_char * view.sample_bytes).from_address(address)
                     return view.read_into(i, target)
@@ -237,11 +250,16 @@ def serve(tree: Tree, mountpoint: str, options: dict[str, Any] | None = None) ->
     `options` are libfuse mount options on top of DEFAULT_OPTIONS, plus mmfs's
     own `threads` (use fusepy's multithreaded loop instead of the single
     thread, which is faster here, see README.md) and `no_low_latency` (do not
-    keep idle CPUs polling while requests flow, see latency.py)."""
+    keep idle CPUs polling while requests flow, see latency.py) and `max_rss_mb`
+    (the daemon's resident-memory ceiling, DEFAULT_MAX_RSS_MB; 0: none)."""
     opts = dict(DEFAULT_OPTIONS)
     opts.update(options or {})
     threads = bool(opts.pop("threads", False))
     low_latency = not opts.pop("no_low_latency", False)
+    try:
+        max_rss_mb = int(opts.pop("max_rss_mb", DEFAULT_MAX_RSS_MB))
+    except ValueError:
+        raise MountError("-o max_rss_mb takes a number of megabytes (0: no limit)") from None
     opts.pop("nothreads", None)
     opts.pop("foreground", None)
     if opts.get("rw"):
@@ -253,7 +271,7 @@ def serve(tree: Tree, mountpoint: str, options: dict[str, Any] | None = None) ->
     log.info("serving %s (%s loop)", mountpoint, "multithreaded" if threads else "single-thread")
     guard = LatencyGuard(enabled=low_latency)
     try:
-        MmfsFUSE(ops, mountpoint, guard, foreground=True, nothreads=not threads, **opts)
+        MmfsFUSE(ops, mountpoint, guard, max_rss_mb, foreground=True, nothreads=not threads, **opts)
     except RuntimeError as exc:
         raise MountError(
             f"{mountpoint}: libfuse could not mount or serve it (code {exc}); the line "

@@ -14,6 +14,7 @@ from ..config import SPLITS, Config, load_config
 from ..errors import MmfsError
 from ..formats import open_dataset
 from .builder import Builder, SplitIndices
+from .pages import MappedFiles
 from .reader import SplitReader, TokenSource
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,26 @@ class Corpus:
             if name in splits and len(splits[name]) > 0
         }
         self.indices = splits
+        self._mapped = MappedFiles(self._arrays(by_file.values(), splits.values()))
+
+    @staticmethod
+    def _arrays(datasets, splits):
+        for ds in datasets:
+            yield from (ds.data, ds.sequence_lengths, ds.sequence_pointers, ds.document_indices)
+        for s in splits:
+            for g in s.gpts:
+                yield from (g.document_index, g.sample_index, g.shuffle_index)
+            if s.blend is not None:
+                yield from (s.blend.dataset_index, s.blend.dataset_sample_index)
+
+    def release_memory(self) -> None:
+        """Unmap the pages reads have touched (they stay in the page cache), so a
+        long-running reader's resident memory does not grow with what it read."""
+        self._mapped.release()
+
+    def trim_memory(self, limit_mb: int = 96) -> bool:
+        """release_memory() if resident memory exceeds limit_mb; True if it did."""
+        return self._mapped.trim(limit_mb << 20)
 
     def describe(self) -> dict[str, Any]:
         """What a loader needs to read the sample files (the core of mmfs.json)."""
