@@ -272,12 +272,12 @@ def mount_command(args: argparse.Namespace) -> int:
         raise MountError("mmfs mounts are read-only; drop `-o rw`")
     check_mount_point(mountpoint, allow_nonempty=bool(options.get("nonempty")))
     quiet = bool(getattr(args, "quiet", False))
-    corpus = open_corpus(args.config, progress=not quiet)
+    corpus = open_corpus(args.config, progress=not quiet, pread_tokens=True)
     if _index_bytes_in_memory(corpus) > REOPEN_ABOVE:
         # Just built: re-open from the cache so that the daemon memory-maps the
         # indices instead of holding them (O(1) resident memory).
         log.info("re-opening the indices from the cache for the daemon")
-        corpus = open_corpus(args.config, progress=False)
+        corpus = open_corpus(args.config, progress=False, pread_tokens=True)
         held = _index_bytes_in_memory(corpus)
         if held > REOPEN_ABOVE:
             log.warning("the index cache could not be used: the daemon holds %.0f MB of "

@@ -23,6 +23,7 @@ _MESSAGES = {
     lib.MMFS_E_BIN_RANGE: "a sequence lies outside the token file",
     lib.MMFS_E_INDEX_RANGE: "a sample index entry is out of range",
     lib.MMFS_E_OVERFLOW: "a value does not fit the index dtype",
+    lib.MMFS_E_IO: "reading the token file failed",
 }
 
 

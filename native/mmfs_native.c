@@ -7,7 +7,9 @@
  */
 #include "mmfs_native.h"
 
+#include <errno.h>
 #include <math.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -275,14 +277,42 @@ static void convert(const uint8_t *from, int32_t from_code, int64_t n,
     }
 }
 
+/* pread exactly n bytes at pos, retrying short reads and EINTR. */
+static int pread_all(int fd, uint8_t *to, int64_t n, int64_t pos) {
+    while (n > 0) {
+        ssize_t got = pread(fd, to, (size_t)n, (off_t)pos);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return MMFS_E_IO;
+        to += got;
+        n -= got;
+        pos += got;
+    }
+    return MMFS_OK;
+}
+
 static int copy_piece(void *vctx, int32_t seq, int64_t offset, int64_t length) {
     read_ctx *ctx = vctx;
     if (length > ctx->capacity - ctx->written) return MMFS_E_INDEX_RANGE;
     const mmfs_source *src = ctx->src;
     int item = itemsize_of(src->dtype);
-    const uint8_t *from = src->data + src->pointers[seq] + offset * item;
+    int64_t pos = src->pointers[seq] + offset * item;
     uint8_t *to = ctx->out + ctx->written * itemsize_of(ctx->out_dtype);
-    convert(from, src->dtype, length, to, ctx->out_dtype);
+    if (!src->use_fd) {
+        convert(src->data + pos, src->dtype, length, to, ctx->out_dtype);
+    } else if (src->dtype == ctx->out_dtype) {
+        int rc = pread_all(src->fd, to, length * item, pos);
+        if (rc < 0) return rc;
+    } else { /* widen through a bounce buffer, a chunk at a time */
+        uint8_t chunk[1 << 14];
+        int64_t per = (int64_t)sizeof chunk / item, done = 0;
+        while (done < length) {
+            int64_t n = length - done < per ? length - done : per;
+            int rc = pread_all(src->fd, chunk, n * item, pos + done * item);
+            if (rc < 0) return rc;
+            convert(chunk, src->dtype, n, to + done * itemsize_of(ctx->out_dtype), ctx->out_dtype);
+            done += n;
+        }
+    }
     ctx->written += length;
     return MMFS_OK;
 }

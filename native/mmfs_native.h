@@ -14,6 +14,7 @@
 #define MMFS_E_BIN_RANGE -6    /* a sequence lies outside the token file */
 #define MMFS_E_INDEX_RANGE -7  /* a sample/document index entry is out of range */
 #define MMFS_E_OVERFLOW -8     /* a value does not fit the index dtype */
+#define MMFS_E_IO -9           /* reading the token file failed */
 
 /* Number of samples Megatron's build_sample_idx produces (float32 ceil when
  * the last partial sample is kept, as its C++ does). Negative on bad input. */
@@ -42,7 +43,9 @@ int mmfs_build_exhaustive_blending_index(const int64_t *sizes,
 
 /* One token source: a memory-mapped token file with its sequence table. */
 typedef struct {
-    const uint8_t *data;      /* the whole token file */
+    const uint8_t *data;      /* the whole token file, memory-mapped (or NULL with fd) */
+    int32_t use_fd;           /* 1: read tokens with pread from fd instead, so that a */
+    int32_t fd;               /* long-running reader's memory does not grow */
     int64_t data_size;        /* bytes */
     const int32_t *lengths;   /* tokens per sequence */
     const int64_t *pointers;  /* byte offset of each sequence in data */

@@ -48,3 +48,31 @@ def test_trim_keeps_golden_samples_exact(tmp_path):
     first = [reader.read(i) for i in range(50)]
     assert corpus.trim_memory(limit_mb=0) is True
     assert [reader.read(i) for i in range(50)] == first
+
+
+def test_pread_tokens_give_the_same_samples(tmp_path):
+    """The daemon reads tokens with pread; every golden sample is the same either way,
+    including a blend that widens uint16 and int32 tokens."""
+    from golden_cases import expected_samples
+
+    for case in ("p2_blend2_u16", "p3_multi_epoch_i32"):
+        corpus = open_corpus(str(write_case_config(case, tmp_path / case)), progress=False,
+                             pread_tokens=True)
+        assert all(g.source.fd >= 0 for g in corpus.splits["train"].gpts)
+        for split, reader in corpus.splits.items():
+            expected = expected_samples(case, split).astype(reader.dtype)
+            for i in range(len(reader)):
+                assert np.array_equal(reader.tokens(i), expected[i])
+
+
+def test_pread_widening_blend(tmp_path):
+    """uint16 and int32 datasets blended: tokens widened through the bounce buffer."""
+    (tmp_path / "data").symlink_to(write_case_config("p1_single_u16", tmp_path / "x").parent / "data")
+    config = tmp_path / "c.yaml"
+    config.write_text("datasets: [{path: data/u16_docs, weight: 1}, {path: data/i32_docs, weight: 1}]\n"
+                      "split: '100,0,0'\nsamples: {train: 300}\nsequence_length: 5000\ncache_dir: cache\n")
+    mapped = open_corpus(str(config), progress=False).splits["train"]
+    pread = open_corpus(str(config), progress=False, pread_tokens=True).splits["train"]
+    assert mapped.dtype == np.int32
+    for i in range(len(mapped)):
+        assert mapped.read(i) == pread.read(i)

@@ -31,7 +31,7 @@ class Corpus:
     """Everything a mount or a loader needs to read the samples of a config."""
 
     def __init__(self, config: Config, datasets: list[DatasetEntry], by_file: dict,
-                 splits: dict[str, SplitIndices]) -> None:
+                 splits: dict[str, SplitIndices], pread_tokens: bool = False) -> None:
         self.config = config
         self.config_path = config.path
         self.config_dict = config.as_dict()
@@ -42,7 +42,7 @@ class Corpus:
         self.pad = config.effective_pad
         # One dtype for every sample file: the widest of the datasets'.
         self.dtype = np.dtype(np.result_type(*[d.dataset.dtype for d in datasets])).newbyteorder("<")
-        sources = {file: TokenSource(ds) for file, ds in by_file.items()}
+        sources = {file: TokenSource(ds, pread_tokens) for file, ds in by_file.items()}
         self.splits = {
             name: SplitReader(splits[name], sources, self.dtype, self.sample_tokens, self.pad)
             for name in SPLITS
@@ -122,10 +122,12 @@ class Corpus:
         return out
 
 
-def open_corpus(config_path: str, progress: bool = True) -> Corpus:
+def open_corpus(config_path: str, progress: bool = True, pread_tokens: bool = False) -> Corpus:
     """Load a config, open its datasets and build (or load) every index.
 
-    progress: log what is being built, with timings (logging level INFO)."""
+    progress: log what is being built, with timings (logging level INFO).
+    pread_tokens: read tokens with pread rather than through the memory map (for
+    long-running readers, whose resident memory should not grow with what they read)."""
     t0 = time.perf_counter()
     config = load_config(config_path)
     specs = config.all_datasets
@@ -139,7 +141,7 @@ def open_corpus(config_path: str, progress: bool = True) -> Corpus:
         splits = Builder(config, by_file).build()
     finally:
         sampling_log.setLevel(saved_level)
-    corpus = Corpus(config, entries, by_file, splits)
+    corpus = Corpus(config, entries, by_file, splits, pread_tokens)
     if progress:
         log.info("indices ready in %.2f s: %s", time.perf_counter() - t0,
                  ", ".join(f"{n} {len(s)} samples" for n, s in corpus.splits.items()) or "no samples")

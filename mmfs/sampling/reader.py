@@ -5,6 +5,8 @@ the last, then padding), converted to the mount's dtype.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..errors import NativeError
@@ -14,10 +16,15 @@ from .builder import GptIndices, SplitIndices
 
 
 class TokenSource:
-    """The C view (mmfs_source) of one opened dataset; keeps its arrays alive."""
+    """The C view (mmfs_source) of one opened dataset; keeps its arrays alive.
 
-    def __init__(self, dataset) -> None:
+    pread: read tokens with pread(2) instead of through the memory map, so that a
+    long-running reader (the mount daemon) does not map every token page it reads.
+    """
+
+    def __init__(self, dataset, pread: bool = False) -> None:
         self.dataset = dataset
+        self.fd = os.open(dataset.bin_path, os.O_RDONLY | os.O_CLOEXEC) if pread else -1
         self._keep = (dataset.data, dataset.sequence_lengths, dataset.sequence_pointers)
         c = ffi.new("mmfs_source *")
         data = dataset.data
@@ -28,7 +35,13 @@ class TokenSource:
         c.pointers = ffi.cast("const int64_t *", dataset.sequence_pointers.ctypes.data) if n else ffi.NULL
         c.num_sequences = n
         c.dtype = native_code(dataset.dtype)
+        c.use_fd = int(pread)
+        c.fd = self.fd
         self.c = c
+
+    def __del__(self) -> None:
+        if getattr(self, "fd", -1) >= 0:
+            os.close(self.fd)
 
 
 class GptReader:
