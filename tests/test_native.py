@@ -55,6 +55,19 @@ def params(S, e, drop_last, num_samples, n):
     return GptParams("x", "valid", 0, n, num_samples, S, 1, bool(e), drop_last, "1", None, {})
 
 
+def document_and_sample_index(sizes, S, e, drop_last, num_samples, seed):
+    """Megatron's plan, document index and (mmfs's) sample index; None when the
+    tokens do not exceed the extra one (Megatron cannot sample then)."""
+    T = int(sizes.sum())
+    if T <= e:
+        return None
+    p = params(S, e, drop_last, num_samples, len(sizes))
+    plan = plan_epochs(p, T)
+    doc = build_document_index(0, len(sizes), plan.num_epochs, np.random.RandomState(seed),
+                               plan.separate_final_epoch)
+    return p, plan, T, doc, build_sample_index(sizes, doc, p, plan)
+
+
 lengths_st = st.lists(st.integers(0, 60), min_size=1, max_size=40)
 
 
@@ -63,14 +76,10 @@ lengths_st = st.lists(st.integers(0, 60), min_size=1, max_size=40)
        num_samples=st.one_of(st.none(), st.integers(0, 30)), seed=st.integers(0, 2**32 - 1))
 def test_sample_index_matches_reference(lengths, S, e, drop_last, num_samples, seed):
     sizes = np.array(lengths, dtype=np.int32)
-    T = int(sizes.sum())
-    if T <= e:  # Megatron needs more tokens than the extra one
+    built = document_and_sample_index(sizes, S, e, drop_last, num_samples, seed)
+    if built is None:
         return
-    p = params(S, e, drop_last, num_samples, len(sizes))
-    plan = plan_epochs(p, T)
-    doc = build_document_index(0, len(sizes), plan.num_epochs, np.random.RandomState(seed),
-                               plan.separate_final_epoch)
-    ours = build_sample_index(sizes, doc, p, plan)
+    p, plan, T, doc, ours = built
     expected = reference_sample_index(sizes, doc, S, plan.num_epochs, T, drop_last, e)
     assert np.array_equal(ours, expected)
 
@@ -86,14 +95,10 @@ def test_samples_cut_the_document_stream(lengths, S, e, num_samples, seed):
     rng = np.random.RandomState(seed)
     tokens = [rng.randint(0, 60000, size=n).astype(np.uint16) for n in lengths]
     sizes = np.array(lengths, dtype=np.int32)
-    T = int(sizes.sum())
-    if T <= e:
+    built = document_and_sample_index(sizes, S, e, True, num_samples, seed)
+    if built is None:
         return
-    p = params(S, e, True, num_samples, len(sizes))
-    plan = plan_epochs(p, T)
-    doc = build_document_index(0, len(sizes), plan.num_epochs, np.random.RandomState(seed),
-                               plan.separate_final_epoch)
-    sample_index = build_sample_index(sizes, doc, p, plan)
+    p, plan, T, doc, sample_index = built
     N = sample_index.shape[0] - 1
     assert N == (plan.num_epochs * T - e) // S
     if num_samples is not None:
