@@ -247,6 +247,7 @@ def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blen
 
 def _check_names(blends: list[Blend], checker: _Checker, key: str) -> None:
     by_name: dict[str, str] = {}
+    by_file: dict[str, str] = {}
     for blend in blends:
         for d in blend.datasets:
             if by_name.setdefault(d.name, d.file) != d.file:
@@ -254,6 +255,12 @@ def _check_names(blends: list[Blend], checker: _Checker, key: str) -> None:
                     key,
                     f"two datasets are named {d.name!r} ({by_name[d.name]} and {d.file}); "
                     "give them distinct `name:` values",
+                )
+            if by_file.setdefault(d.file, d.name) != d.name:
+                raise checker.fail(
+                    key,
+                    f"{d.file} is named both {by_file[d.file]!r} and {d.name!r}; "
+                    "give it one name everywhere",
                 )
 
 

@@ -64,6 +64,9 @@ ERRORS = [
     ("missing dataset", with_(datasets=[{"path": "data/nope"}]), "datasets[0].path"),
     ("duplicate names", with_(datasets=[{"path": "data/u16_docs", "name": "a"},
                                         {"path": "data/u16_small", "name": "a"}]), "datasets"),
+    ("one dataset, two names", with_(datasets=DROP, blend_per_split={
+        "train": [{"path": "data/u16_docs", "name": "a"}],
+        "valid": [{"path": "data/u16_docs", "name": "b"}]}, split=DROP), "blend_per_split"),
     ("no datasets", with_(datasets=DROP), "datasets"),
     ("two sources", with_(data_path="data/u16_docs"), "datasets"),
     ("split with blend_per_split",

@@ -83,10 +83,11 @@ class SplitIndices:
         return self.blend.dataset_index.shape[0]
 
 
-def default_cache_dir(spec: DatasetSpec) -> str:
-    """Megatron's default: <dataset prefix>/cache/GPTDataset_indices."""
+def default_cache_dir(spec: DatasetSpec, class_name: str = "GPTDataset") -> str:
+    """Megatron's default: <dataset prefix>/cache/<Class>_indices. (Megatron does not
+    cache blends without a cache path; mmfs keeps them beside the first dataset's.)"""
     prefix = spec.file[:-5] if spec.file.endswith(".pbin") else spec.file
-    return os.path.join(prefix, "cache", "GPTDataset_indices")
+    return os.path.join(prefix, "cache", f"{class_name}_indices")
 
 
 class Builder:
@@ -172,9 +173,8 @@ class Builder:
         if size is not None:
             weights = normalize(weights)  # BlendedDataset normalises again, as Megatron does
         description = blend_description([g.params.identifiers() for g in gpts], split, weights, size)
-        folder = c.cache_dir or os.path.join(default_cache_dir(gpts[0].spec), os.pardir,
-                                             "BlendedDataset_indices")
-        cache = IndexCache(os.path.normpath(folder), description, "BlendedDataset", split)
+        folder = c.cache_dir or default_cache_dir(gpts[0].spec, "BlendedDataset")
+        cache = IndexCache(folder, description, "BlendedDataset", split)
         arrays = cache.load(BLEND_ARRAYS)
         expected = size if size is not None else sum(weights)
         if arrays is not None and arrays["dataset_index"].shape[0] == expected and \
