@@ -31,9 +31,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
+# Math libraries' worker threads spin after each call; on a small machine they
+# would take the CPU the daemon needs. Every reader here is single-threaded.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from .errors import MmfsError
+import numpy as np  # noqa: E402
+
+from .errors import MmfsError  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +82,9 @@ def _worker(fn: Callable[[Any], int], chunk: Any, start: Any, conn: Any) -> None
 
 
 def _run_parallel(fn: Callable[[Any], int], chunks: list[Any]) -> float:
-    """Run fn(chunk) in one forked process per chunk, all started together;
-    return the wall time from the start signal until the last one finished."""
-    if len(chunks) == 1:
-        t0 = time.perf_counter()
-        fn(chunks[0])
-        return time.perf_counter() - t0
+    """Run fn(chunk) in one forked process per chunk (one reader too: a fresh
+    process, like every other reader), all started together; return the wall
+    time from the start signal until the last one finished."""
     ctx = mp.get_context("fork")
     start = ctx.Event()
     pipes, procs = [], []
@@ -397,18 +399,21 @@ def run(target: str, n: int, readers: list[int], options: str = "") -> dict[str,
             raise MmfsError(f"{target}: not a mounted mmfs directory (give a mount point or a config)")
         return bench_mount(target, n, readers)
 
-    from .fuse import parse_options
+    from .fuse import parse_options, take_map_limit
     from .mount import spawn_daemon, unmount, wait_until_mounted
     from .sampling import open_corpus
     from .tree import Tree
 
-    corpus = open_corpus(target, progress=True)
-    tree = Tree(corpus)
+    mount_options = parse_options(options)
+    # The daemon opens the config as `mmfs mount` does; the in-process baselines
+    # read their own copy, mapped.
+    tree = Tree(open_corpus(target, progress=True, map_limit_mb=take_map_limit(mount_options)))
+    corpus = open_corpus(target, progress=False)
     tmp = tempfile.mkdtemp(prefix="mmfs-bench-")
     mount = os.path.join(tmp, "mnt")
     os.mkdir(mount)
     log_path = os.path.join(tmp, "daemon.log")
-    pid = spawn_daemon(tree, mount, parse_options(options), log_path)
+    pid = spawn_daemon(tree, mount, mount_options, log_path)
     try:
         wait_until_mounted(mount, pid, log_path)
         return bench_mount(mount, n, readers, corpus=corpus, daemon_pid=pid)

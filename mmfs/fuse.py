@@ -29,6 +29,7 @@ import fuse as fusepy
 
 from .errors import MountError
 from .latency import LatencyGuard
+from .native import check, ffi, lib
 from .tree import DIR_MODE, FILE_MODE, LINK_MODE, Blob, Dir, Generated, SampleView, Tree
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,13 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 
 STAT_SIZE = ctypes.sizeof(fusepy.c_stat)
 
-# Resident memory the daemon allows itself before it unmaps the index and token
-# pages its reads touched (they stay in the page cache); `-o max_rss_mb=N`.
-DEFAULT_MAX_RSS_MB = 112
-TRIM_EVERY = 64
+# Index and token files the daemon keeps memory-mapped, at most (the smallest
+# first); it reads the rest with pread, so its resident memory stays flat
+# whatever the config's size. `-o map_limit_mb=N`.
+DEFAULT_MAP_LIMIT_MB = 64
+
+# The requests served in C (see native/mmfs_fuse.h), by fusepy field name.
+NATIVE_HANDLERS = ("getattr", "fgetattr", "read", "readdir")
 
 
 def _erofs(*_args: Any) -> None:
@@ -120,20 +124,23 @@ class MmfsFUSE(fusepy.FUSE):
     talking to the tree and to libfuse's buffers directly."""
 
     def __init__(self, operations: Operations, mountpoint: str, guard: LatencyGuard,
-                 max_rss_mb: int = DEFAULT_MAX_RSS_MB, **kwargs: Any) -> None:
+                 **kwargs: Any) -> None:
         self._tree = operations.tree
         self._touch = guard.touch
-        # Reads map index and token pages into the daemon; every TRIM_EVERY sample
-        # reads, drop them if resident memory passed max_rss_mb (0: never).
-        trim = getattr(self._tree.corpus, "trim_memory", None)
-        self._trim = (lambda: trim(max_rss_mb)) if trim and max_rss_mb > 0 else None
-        self._reads = 0
         self._uid, self._gid = os.getuid(), os.getgid()
         self._st_dir = fusepy.c_stat(st_mode=DIR_MODE)
         self._st_file = fusepy.c_stat(st_mode=FILE_MODE)
         self._st_link = fusepy.c_stat(st_mode=LINK_MODE)
         self._stat_cache: dict[Any, Any] = {}
-        super().__init__(operations, mountpoint, **kwargs)  # runs until unmounted
+        self._native = NativeSamples(self)
+        # fusepy builds its operations table and starts libfuse in one call; the
+        # stand-in below lets NativeSamples edit the table in between.
+        real = fusepy._libfuse
+        fusepy._libfuse = _LibfuseWithHook(real, self._native.install)
+        try:
+            super().__init__(operations, mountpoint, **kwargs)  # runs until unmounted
+        finally:
+            fusepy._libfuse = real
 
     def open(self, path: bytes, fip: Any) -> int:
         # ENOSYS: the kernel stops sending OPEN/RELEASE and keeps the page cache.
@@ -184,9 +191,6 @@ class MmfsFUSE(fusepy.FUSE):
                     address = ctypes.addressof(buf.contents)
                     if view.read_to_address is not None:
                         view.read_to_address(i, address)
-                        self._reads += 1
-                        if self._trim is not None and self._reads % TRIM_EVERY == 0:
-                            self._trim()
                         return view.sample_bytes
                     target = (ctypes.c_char * view.sample_bytes).from_address(address)
                     return view.read_into(i, target)
@@ -234,6 +238,69 @@ class MmfsFUSE(fusepy.FUSE):
             return -errno.EIO
 
 
+class _LibfuseWithHook:
+    """fusepy's libfuse handle, except that fuse_main_real first passes the
+    operations table to `hook`."""
+
+    def __init__(self, libfuse: Any, hook: Any) -> None:
+        self._libfuse = libfuse
+        self._hook = hook
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._libfuse, name)
+
+    def fuse_main_real(self, argc: Any, argv: Any, ops: Any, size: Any, user_data: Any) -> int:
+        self._hook(ops.contents)
+        return self._libfuse.fuse_main_real(argc, argv, ops, size, user_data)
+
+
+class NativeSamples:
+    """Serves the sample directories from C (native/mmfs_fuse.c): getattr, read
+    and readdir of `/<split>/samples/...` never enter Python. Every other path
+    goes to the MmfsFUSE methods, which the C handlers call as their fallback."""
+
+    def __init__(self, fs: MmfsFUSE) -> None:
+        self.fs = fs
+        self._keep: list[Any] = []
+
+    def install(self, ops: Any) -> None:
+        fs, tree = self.fs, self.fs._tree
+        prototypes = {field[0]: field[1] for field in fusepy.fuse_operations._fields_}
+        # The Python handlers, as C function pointers the C handlers fall back to.
+        python = {
+            "getattr": prototypes["getattr"](lambda path, buf: fs.fgetattr(path, buf, None)),
+            "fgetattr": prototypes["fgetattr"](fs.fgetattr),
+            "read": prototypes["read"](fs.read),
+            "readdir": prototypes["readdir"](fs.readdir),
+        }
+        fallback = ffi.new("mmfs_fuse_fallback *")
+        for name, thunk in python.items():
+            setattr(fallback, name, ffi.cast(ffi.typeof(getattr(fallback, name)),
+                                             ctypes.cast(thunk, ctypes.c_void_p).value))
+        dirs = []
+        for split_name, view in tree.splits.items():
+            reader = view.split
+            if getattr(reader, "c", None) is None:  # not a C-backed reader: stay in Python
+                continue
+            file_stat = fs._make_stat(tree.attr(Generated(view, 0)))
+            path = ffi.new("char[]", f"/{split_name}/samples".encode())
+            dirs.append((path, reader, view, file_stat))
+        table = ffi.new("mmfs_sample_dir[]", len(dirs))
+        for entry, (path, reader, view, file_stat) in zip(table, dirs):
+            entry.path = path
+            entry.split = reader.c
+            entry.name_width = view.width
+            entry.sample_bytes = view.sample_bytes
+            entry.file_stat = ffi.cast("void *", ctypes.addressof(file_stat))
+            entry.dir_stat = ffi.cast("void *", ctypes.addressof(fs._st_dir))
+        check(lib.mmfs_fuse_configure(table, len(dirs), STAT_SIZE, fallback), "mmfs_fuse_configure")
+        self._keep = [python, fallback, dirs, table]
+        for name in NATIVE_HANDLERS:
+            address = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"mmfs_fuse_{name}")))
+            setattr(ops, name, prototypes[name](address))
+        log.info("sample files served in C: %s", ", ".join(f"/{name}/samples" for name in tree.splits) or "none")
+
+
 def parse_options(text: str) -> dict[str, Any]:
     """`-o a=b,c` -> {"a": "b", "c": True}."""
     options: dict[str, Any] = {}
@@ -243,6 +310,18 @@ def parse_options(text: str) -> dict[str, Any]:
     return options
 
 
+def take_map_limit(options: dict[str, Any]) -> int:
+    """Pop mmfs's `-o map_limit_mb=N` (MB of files the daemon keeps mapped)."""
+    value = options.pop("map_limit_mb", DEFAULT_MAP_LIMIT_MB)
+    try:
+        limit = int(value)
+    except (TypeError, ValueError):
+        limit = -1
+    if limit < 0:
+        raise MountError(f"-o map_limit_mb={value}: give a whole number of megabytes (0 or more)")
+    return limit
+
+
 def serve(tree: Tree, mountpoint: str, options: dict[str, Any] | None = None) -> None:
     """Mount `tree` on `mountpoint` and answer requests until it is unmounted
     (fusermount -u, SIGINT, SIGTERM). Runs in the calling process.
@@ -250,16 +329,13 @@ def serve(tree: Tree, mountpoint: str, options: dict[str, Any] | None = None) ->
     `options` are libfuse mount options on top of DEFAULT_OPTIONS, plus mmfs's
     own `threads` (use fusepy's multithreaded loop instead of the single
     thread, which is faster here, see README.md) and `no_low_latency` (do not
-    keep idle CPUs polling while requests flow, see latency.py) and `max_rss_mb`
-    (the daemon's resident-memory ceiling, DEFAULT_MAX_RSS_MB; 0: none)."""
+    keep idle CPUs polling while requests flow, see latency.py). `map_limit_mb`
+    acts when the corpus is opened (take_map_limit) and is ignored here."""
     opts = dict(DEFAULT_OPTIONS)
     opts.update(options or {})
     threads = bool(opts.pop("threads", False))
     low_latency = not opts.pop("no_low_latency", False)
-    try:
-        max_rss_mb = int(opts.pop("max_rss_mb", DEFAULT_MAX_RSS_MB))
-    except ValueError:
-        raise MountError("-o max_rss_mb takes a number of megabytes (0: no limit)") from None
+    opts.pop("map_limit_mb", None)
     opts.pop("nothreads", None)
     opts.pop("foreground", None)
     if opts.get("rw"):
@@ -271,7 +347,7 @@ def serve(tree: Tree, mountpoint: str, options: dict[str, Any] | None = None) ->
     log.info("serving %s (%s loop)", mountpoint, "multithreaded" if threads else "single-thread")
     guard = LatencyGuard(enabled=low_latency)
     try:
-        MmfsFUSE(ops, mountpoint, guard, max_rss_mb, foreground=True, nothreads=not threads, **opts)
+        MmfsFUSE(ops, mountpoint, guard, foreground=True, nothreads=not threads, **opts)
     except RuntimeError as exc:
         raise MountError(
             f"{mountpoint}: libfuse could not mount or serve it (code {exc}); the line "

@@ -138,19 +138,9 @@ REOPEN_ABOVE = 32 << 20
 
 
 def _index_bytes_in_memory(corpus: Any) -> int:
-    """Bytes of the corpus's index arrays that are in memory rather than mapped."""
-    import numpy as np
-
-    total = 0
-    try:
-        for s in corpus.indices.values():
-            arrays = [a for g in s.gpts for a in (g.document_index, g.sample_index, g.shuffle_index)]
-            if s.blend is not None:
-                arrays += [s.blend.dataset_index, s.blend.dataset_sample_index]
-            total += sum(int(a.nbytes) for a in arrays if not isinstance(a, np.memmap))
-    except AttributeError:  # another corpus shape: nothing to say
-        return 0
-    return total
+    """Bytes of the corpus's arrays held in memory rather than mapped from files."""
+    placer = getattr(corpus, "placer", None)
+    return int(placer.memory_bytes) if placer is not None else 0
 
 
 
@@ -262,7 +252,7 @@ def wait_until_mounted(mountpoint: str, pid: int, log_path: str, timeout: float 
 
 def mount_command(args: argparse.Namespace) -> int:
     """`mmfs mount CONFIG MOUNTPOINT [-f] [-o OPTIONS] [--log FILE]`."""
-    from .fuse import parse_options, serve
+    from .fuse import parse_options, serve, take_map_limit
     from .sampling import open_corpus
     from .tree import Tree
 
@@ -270,14 +260,15 @@ def mount_command(args: argparse.Namespace) -> int:
     options = parse_options(args.options)
     if options.get("rw"):
         raise MountError("mmfs mounts are read-only; drop `-o rw`")
+    map_limit_mb = take_map_limit(options)
     check_mount_point(mountpoint, allow_nonempty=bool(options.get("nonempty")))
     quiet = bool(getattr(args, "quiet", False))
-    corpus = open_corpus(args.config, progress=not quiet, pread_tokens=True)
+    corpus = open_corpus(args.config, progress=not quiet, map_limit_mb=map_limit_mb)
     if _index_bytes_in_memory(corpus) > REOPEN_ABOVE:
         # Just built: re-open from the cache so that the daemon memory-maps the
         # indices instead of holding them (O(1) resident memory).
         log.info("re-opening the indices from the cache for the daemon")
-        corpus = open_corpus(args.config, progress=False, pread_tokens=True)
+        corpus = open_corpus(args.config, progress=False, map_limit_mb=map_limit_mb)
         held = _index_bytes_in_memory(corpus)
         if held > REOPEN_ABOVE:
             log.warning("the index cache could not be used: the daemon holds %.0f MB of "

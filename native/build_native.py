@@ -9,7 +9,8 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
-HEADER = (HERE / "mmfs_native.h").read_text()
+HEADERS = ("mmfs_native.h", "mmfs_fuse.h")
+HEADER = "\n".join((HERE / name).read_text() for name in HEADERS)
 
 ffibuilder = FFI()
 # cdef takes the header minus preprocessor lines; the #defines become
@@ -23,8 +24,8 @@ ffibuilder.cdef(
 )
 ffibuilder.set_source(
     "mmfs._native",
-    '#include "mmfs_native.h"',
-    sources=[str(Path("native") / "mmfs_native.c")],
+    "".join(f'#include "{name}"\n' for name in HEADERS),
+    sources=[str(Path("native") / name) for name in ("mmfs_native.c", "mmfs_fuse.c", "mmfs_latency.c")],
     include_dirs=[str(Path("native"))],
     # No FMA contraction: the blending weights must round exactly as Megatron's.
     extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off"],

@@ -170,53 +170,7 @@ int mmfs_build_exhaustive_blending_index(const int64_t *sizes,
     return MMFS_OK;
 }
 
-/* ---- sample reader ---------------------------------------------------- */
-
-static int64_t sample_row(const mmfs_gpt *g, int64_t row, int col) {
-    if (g->sample_index_wide)
-        return ((const int64_t *)g->sample_index)[2 * row + col];
-    return ((const int32_t *)g->sample_index)[2 * row + col];
-}
-
-/* Calls piece(seq, offset, length) for each piece of unshuffled sample k,
- * after checking it against the sequence table and the token file. */
-typedef int (*piece_fn)(void *ctx, int32_t seq, int64_t offset, int64_t length);
-
-static int walk_sample(const mmfs_source *src, const mmfs_gpt *g, int64_t k,
-                       piece_fn piece, void *ctx) {
-    if (!src || !g || k < 0 || k >= g->num_samples) return MMFS_E_ARG;
-    int item = itemsize_of(src->dtype);
-    if (!item) return MMFS_E_ARG;
-    int64_t beg = sample_row(g, k, 0), beg_off = sample_row(g, k, 1);
-    int64_t end = sample_row(g, k + 1, 0), end_off = sample_row(g, k + 1, 1);
-    if (beg < 0 || end < beg || end >= g->num_doc_index || beg_off < 0 ||
-        end_off < 0)
-        return MMFS_E_INDEX_RANGE;
-    for (int64_t pos = beg; pos <= end; ++pos) {
-        int32_t seq = g->doc_index[pos];
-        if (seq < 0 || seq >= src->num_sequences) return MMFS_E_DOC_RANGE;
-        int64_t seq_len = src->lengths[seq];
-        int64_t offset = pos == beg ? beg_off : 0;
-        int64_t length = pos == end ? end_off + g->extra - offset : seq_len - offset;
-        if (seq_len < 0 || length < 0 || offset + length > seq_len)
-            return MMFS_E_INDEX_RANGE;
-        int64_t byte = src->pointers[seq];
-        if (byte < 0 || byte > src->data_size ||
-            (src->data_size - byte) / item < offset + length)
-            return MMFS_E_BIN_RANGE;
-        int rc = piece(ctx, seq, offset, length);
-        if (rc < 0) return rc;
-    }
-    return MMFS_OK;
-}
-
-typedef struct {
-    const mmfs_source *src;
-    uint8_t *out;
-    int32_t out_dtype;
-    int64_t written;
-    int64_t capacity;
-} read_ctx;
+/* ---- arrays: in memory or read with pread ---------------------------- */
 
 #define LOAD(T, p, i) ({ T v_; memcpy(&v_, (p) + (size_t)(i) * sizeof(T), sizeof(T)); v_; })
 
@@ -240,6 +194,99 @@ static int64_t load_as_int(const uint8_t *p, int32_t code, int64_t i) {
     default: return (int64_t)load_as_double(p, code, i);
     }
 }
+
+/* pread exactly n bytes at pos, retrying short reads and EINTR. */
+static int pread_all(int fd, uint8_t *to, int64_t n, int64_t pos) {
+    while (n > 0) {
+        ssize_t got = pread(fd, to, (size_t)n, (off_t)pos);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return MMFS_E_IO;
+        to += got;
+        n -= got;
+        pos += got;
+    }
+    return MMFS_OK;
+}
+
+/* Raw bytes of elements [first, first + n) of a into to. */
+static int array_bytes(const mmfs_array *a, int64_t first, int64_t n, uint8_t *to) {
+    int item = itemsize_of(a->dtype);
+    if (!item || first < 0 || n < 0 || first > a->count || n > a->count - first)
+        return MMFS_E_INDEX_RANGE;
+    if (a->data) {
+        memcpy(to, a->data + first * item, (size_t)(n * item));
+        return MMFS_OK;
+    }
+    return pread_all(a->fd, to, n * item, a->offset + first * item);
+}
+
+#define MAX_RUN 64 /* elements fetched at once by array_ints */
+
+/* Elements [first, first + n) of an integer array as int64 (n <= MAX_RUN). */
+static int array_ints(const mmfs_array *a, int64_t first, int64_t n, int64_t *out) {
+    if (a->dtype == 6 || a->dtype == 7 || n > MAX_RUN) return MMFS_E_ARG;
+    uint8_t raw[MAX_RUN * 8];
+    int rc = array_bytes(a, first, n, raw);
+    if (rc < 0) return rc;
+    for (int64_t i = 0; i < n; ++i) out[i] = load_as_int(raw, a->dtype, i);
+    return MMFS_OK;
+}
+
+static int array_int(const mmfs_array *a, int64_t i, int64_t *out) {
+    return array_ints(a, i, 1, out);
+}
+
+/* ---- sample reader ---------------------------------------------------- */
+
+/* Calls piece(seq, offset, length) for each piece of unshuffled sample k,
+ * after checking it against the sequence table and the token file. */
+typedef int (*piece_fn)(void *ctx, int64_t seq, int64_t byte, int64_t offset,
+                        int64_t length);
+
+static int walk_sample(const mmfs_gpt *g, int64_t k, piece_fn piece, void *ctx) {
+    if (!g || !g->source) return MMFS_E_ARG;
+    const mmfs_source *src = g->source;
+    int item = itemsize_of(src->dtype);
+    int64_t num_samples = g->sample_index.count / 2 - 1;
+    if (!item || k < 0 || k >= num_samples) return MMFS_E_ARG;
+    int64_t rows[4]; /* (position, offset) of sample k and of sample k + 1 */
+    int rc = array_ints(&g->sample_index, 2 * k, 4, rows);
+    if (rc < 0) return rc;
+    int64_t beg = rows[0], beg_off = rows[1], end = rows[2], end_off = rows[3];
+    if (beg < 0 || end < beg || end >= g->doc_index.count || beg_off < 0 ||
+        end_off < 0)
+        return MMFS_E_INDEX_RANGE;
+    int64_t seqs[MAX_RUN];
+    for (int64_t pos = beg; pos <= end; ++pos) {
+        int64_t run = (pos - beg) % MAX_RUN;
+        if (run == 0) { /* the next run of sequence ids */
+            int64_t n = end - pos + 1 < MAX_RUN ? end - pos + 1 : MAX_RUN;
+            if ((rc = array_ints(&g->doc_index, pos, n, seqs)) < 0) return rc;
+        }
+        int64_t seq = seqs[run], seq_len, byte;
+        if (seq < 0 || seq >= src->lengths.count || seq >= src->pointers.count)
+            return MMFS_E_DOC_RANGE;
+        if ((rc = array_int(&src->lengths, seq, &seq_len)) < 0) return rc;
+        if ((rc = array_int(&src->pointers, seq, &byte)) < 0) return rc;
+        int64_t offset = pos == beg ? beg_off : 0;
+        int64_t length = pos == end ? end_off + g->extra - offset : seq_len - offset;
+        if (seq_len < 0 || length < 0 || offset + length > seq_len)
+            return MMFS_E_INDEX_RANGE;
+        if (byte < 0 || byte > src->bytes.count ||
+            (src->bytes.count - byte) / item < offset + length)
+            return MMFS_E_BIN_RANGE;
+        if ((rc = piece(ctx, seq, byte + offset * item, offset, length)) < 0) return rc;
+    }
+    return MMFS_OK;
+}
+
+typedef struct {
+    const mmfs_source *src;
+    uint8_t *out;
+    int32_t out_dtype;
+    int64_t written;
+    int64_t capacity;
+} read_ctx;
 
 #define STORE(T, p, i, v) do { T v_ = (T)(v); memcpy((p) + (size_t)(i) * sizeof(T), &v_, sizeof(T)); } while (0)
 
@@ -277,39 +324,27 @@ static void convert(const uint8_t *from, int32_t from_code, int64_t n,
     }
 }
 
-/* pread exactly n bytes at pos, retrying short reads and EINTR. */
-static int pread_all(int fd, uint8_t *to, int64_t n, int64_t pos) {
-    while (n > 0) {
-        ssize_t got = pread(fd, to, (size_t)n, (off_t)pos);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) return MMFS_E_IO;
-        to += got;
-        n -= got;
-        pos += got;
-    }
-    return MMFS_OK;
-}
-
-static int copy_piece(void *vctx, int32_t seq, int64_t offset, int64_t length) {
+static int copy_piece(void *vctx, int64_t seq, int64_t byte, int64_t offset,
+                      int64_t length) {
+    (void)seq; (void)offset;
     read_ctx *ctx = vctx;
     if (length > ctx->capacity - ctx->written) return MMFS_E_INDEX_RANGE;
     const mmfs_source *src = ctx->src;
-    int item = itemsize_of(src->dtype);
-    int64_t pos = src->pointers[seq] + offset * item;
-    uint8_t *to = ctx->out + ctx->written * itemsize_of(ctx->out_dtype);
-    if (!src->use_fd) {
-        convert(src->data + pos, src->dtype, length, to, ctx->out_dtype);
+    int item = itemsize_of(src->dtype), out_item = itemsize_of(ctx->out_dtype);
+    uint8_t *to = ctx->out + ctx->written * out_item;
+    if (src->bytes.data) {
+        convert(src->bytes.data + byte, src->dtype, length, to, ctx->out_dtype);
     } else if (src->dtype == ctx->out_dtype) {
-        int rc = pread_all(src->fd, to, length * item, pos);
+        int rc = array_bytes(&src->bytes, byte, length * item, to);
         if (rc < 0) return rc;
     } else { /* widen through a bounce buffer, a chunk at a time */
         uint8_t chunk[1 << 14];
         int64_t per = (int64_t)sizeof chunk / item, done = 0;
         while (done < length) {
             int64_t n = length - done < per ? length - done : per;
-            int rc = pread_all(src->fd, chunk, n * item, pos + done * item);
+            int rc = array_bytes(&src->bytes, byte + done * item, n * item, chunk);
             if (rc < 0) return rc;
-            convert(chunk, src->dtype, n, to + done * itemsize_of(ctx->out_dtype), ctx->out_dtype);
+            convert(chunk, src->dtype, n, to + done * out_item, ctx->out_dtype);
             done += n;
         }
     }
@@ -317,16 +352,44 @@ static int copy_piece(void *vctx, int32_t seq, int64_t offset, int64_t length) {
     return MMFS_OK;
 }
 
-int64_t mmfs_read_sample(const mmfs_source *src, const mmfs_gpt *g, int64_t k,
-                         int64_t sample_tokens, int64_t pad, int32_t out_dtype,
-                         void *out) {
-    if (!out || sample_tokens < 0 || !itemsize_of(out_dtype)) return MMFS_E_ARG;
-    read_ctx ctx = {src, out, out_dtype, 0, sample_tokens};
-    int rc = walk_sample(src, g, k, copy_piece, &ctx);
+int64_t mmfs_read_sample(const mmfs_gpt *g, int64_t k, int64_t sample_tokens,
+                         int64_t pad, int32_t out_dtype, void *out) {
+    if (!g || !g->source || !out || sample_tokens < 0 || !itemsize_of(out_dtype) ||
+        g->source->bytes.dtype != 1)
+        return MMFS_E_ARG;
+    read_ctx ctx = {g->source, out, out_dtype, 0, sample_tokens};
+    int rc = walk_sample(g, k, copy_piece, &ctx);
     if (rc < 0) return rc;
     for (int64_t i = ctx.written; i < sample_tokens; ++i)
         store_value(ctx.out, out_dtype, i, pad, (double)pad, 0);
     return ctx.written;
+}
+
+int mmfs_locate(const mmfs_split *s, int64_t i, int32_t *gpt, int64_t *k) {
+    if (!s || !gpt || !k || !s->gpts || s->num_gpts < 1) return MMFS_E_ARG;
+    if (i < 0 || i >= s->num_samples) return MMFS_E_ARG;
+    int64_t d = 0, j = i, shuffled;
+    int rc;
+    if (s->dataset_index.count > 0) {
+        if ((rc = array_int(&s->dataset_index, i, &d)) < 0) return rc;
+        if ((rc = array_int(&s->dataset_sample_index, i, &j)) < 0) return rc;
+        if (d < 0 || d >= s->num_gpts) return MMFS_E_INDEX_RANGE;
+    }
+    const mmfs_gpt *g = &s->gpts[d];
+    if ((rc = array_int(&g->shuffle_index, j, &shuffled)) < 0) return rc;
+    if (shuffled < 0 || shuffled >= g->sample_index.count / 2 - 1)
+        return MMFS_E_INDEX_RANGE;
+    *gpt = (int32_t)d;
+    *k = shuffled;
+    return MMFS_OK;
+}
+
+int64_t mmfs_read_split_sample(const mmfs_split *s, int64_t i, void *out) {
+    int32_t d;
+    int64_t k;
+    int rc = mmfs_locate(s, i, &d, &k);
+    if (rc < 0) return rc;
+    return mmfs_read_sample(&s->gpts[d], k, s->sample_tokens, s->pad, s->out_dtype, out);
 }
 
 typedef struct {
@@ -335,7 +398,9 @@ typedef struct {
     int64_t count;
 } pieces_ctx;
 
-static int record_piece(void *vctx, int32_t seq, int64_t offset, int64_t length) {
+static int record_piece(void *vctx, int64_t seq, int64_t byte, int64_t offset,
+                        int64_t length) {
+    (void)byte;
     pieces_ctx *ctx = vctx;
     if (ctx->count < ctx->max_pieces) {
         ctx->pieces[3 * ctx->count] = seq;
@@ -346,11 +411,11 @@ static int record_piece(void *vctx, int32_t seq, int64_t offset, int64_t length)
     return MMFS_OK;
 }
 
-int64_t mmfs_sample_pieces(const mmfs_source *src, const mmfs_gpt *g, int64_t k,
-                           int64_t *pieces, int64_t max_pieces) {
+int64_t mmfs_sample_pieces(const mmfs_gpt *g, int64_t k, int64_t *pieces,
+                           int64_t max_pieces) {
     if (max_pieces < 0 || (max_pieces > 0 && !pieces)) return MMFS_E_ARG;
     pieces_ctx ctx = {pieces, max_pieces, 0};
-    int rc = walk_sample(src, g, k, record_piece, &ctx);
+    int rc = walk_sample(g, k, record_piece, &ctx);
     if (rc < 0) return rc;
     return ctx.count;
 }

@@ -14,7 +14,7 @@
 #define MMFS_E_BIN_RANGE -6    /* a sequence lies outside the token file */
 #define MMFS_E_INDEX_RANGE -7  /* a sample/document index entry is out of range */
 #define MMFS_E_OVERFLOW -8     /* a value does not fit the index dtype */
-#define MMFS_E_IO -9           /* reading the token file failed */
+#define MMFS_E_IO -9           /* reading a file failed */
 
 /* Number of samples Megatron's build_sample_idx produces (float32 ceil when
  * the last partial sample is kept, as its C++ does). Negative on bad input. */
@@ -41,36 +41,60 @@ int mmfs_build_exhaustive_blending_index(const int64_t *sizes,
                                          int16_t *dataset_index,
                                          int64_t *dataset_sample_index);
 
-/* One token source: a memory-mapped token file with its sequence table. */
+/* An array the reader indexes: in memory, or read with pread(2) from a file,
+ * so that a long-running reader's resident memory does not grow with what its
+ * reads touch (the bytes stay in the page cache, not in its page tables). */
 typedef struct {
-    const uint8_t *data;      /* the whole token file, memory-mapped (or NULL with fd) */
-    int32_t use_fd;           /* 1: read tokens with pread from fd instead, so that a */
-    int32_t fd;               /* long-running reader's memory does not grow */
-    int64_t data_size;        /* bytes */
-    const int32_t *lengths;   /* tokens per sequence */
-    const int64_t *pointers;  /* byte offset of each sequence in data */
-    int64_t num_sequences;
-    int32_t dtype;            /* MMIDIDX dtype code of the tokens; 9 = uint32 (.pbin) */
+    const uint8_t *data;  /* the elements in memory, or NULL: pread them from fd */
+    int32_t fd;
+    int64_t offset;       /* byte offset of element 0 in fd's file */
+    int64_t count;        /* number of elements */
+    int32_t dtype;        /* MMIDIDX code of the elements (1..9; 9 = uint32) */
+} mmfs_array;
+
+/* One token file with its sequence table. */
+typedef struct {
+    mmfs_array bytes;     /* the token file as uint8 (dtype 1) */
+    int32_t dtype;        /* MMIDIDX code of the tokens; 9 = uint32 (.pbin) */
+    mmfs_array lengths;   /* tokens per sequence */
+    mmfs_array pointers;  /* byte offset of each sequence in bytes */
 } mmfs_source;
 
-/* One GPT dataset's indices. */
+/* One GPTDataset: its token file and its three indices. */
 typedef struct {
-    const int32_t *doc_index;
-    int64_t num_doc_index;
-    const void *sample_index;  /* [(num_samples + 1) * 2] */
-    int32_t sample_index_wide; /* 0: int32, 1: int64 */
-    int64_t num_samples;
-    int32_t extra;             /* add_extra_token_to_sequence */
+    const mmfs_source *source;
+    mmfs_array doc_index;     /* sequence ids, epoch after epoch */
+    mmfs_array sample_index;  /* (num_samples + 1) rows of (doc_index position, offset) */
+    mmfs_array shuffle_index; /* shuffled position -> unshuffled sample */
+    int32_t extra;            /* add_extra_token_to_sequence */
 } mmfs_gpt;
+
+/* The samples of one split in training order: a GPTDataset, or a blend of
+ * several (dataset_index.count > 0). */
+typedef struct {
+    const mmfs_gpt *gpts;
+    int32_t num_gpts;
+    mmfs_array dataset_index;        /* blend: which GPTDataset (int16) */
+    mmfs_array dataset_sample_index; /* blend: which of its samples (int64) */
+    int64_t num_samples;
+    int64_t sample_tokens;           /* tokens in every sample file */
+    int64_t pad;                     /* fills a short last sample */
+    int32_t out_dtype;               /* MMIDIDX code of the sample files */
+} mmfs_split;
 
 /* Write unshuffled sample k of g (sample_tokens tokens, padded with pad)
  * into out, converting to dtype out_dtype (MMIDIDX code). Returns the
  * number of real (unpadded) tokens, or a negative error. */
-int64_t mmfs_read_sample(const mmfs_source *src, const mmfs_gpt *g, int64_t k,
-                         int64_t sample_tokens, int64_t pad, int32_t out_dtype,
-                         void *out);
+int64_t mmfs_read_sample(const mmfs_gpt *g, int64_t k, int64_t sample_tokens,
+                         int64_t pad, int32_t out_dtype, void *out);
+
+/* Training-order sample i of s -> (GPTDataset number, unshuffled sample). */
+int mmfs_locate(const mmfs_split *s, int64_t i, int32_t *gpt, int64_t *k);
+
+/* Write training-order sample i of s (sample_tokens tokens) into out. */
+int64_t mmfs_read_split_sample(const mmfs_split *s, int64_t i, void *out);
 
 /* The (sequence, offset, length) pieces of unshuffled sample k: writes at
  * most max_pieces triples into pieces and returns how many there are. */
-int64_t mmfs_sample_pieces(const mmfs_source *src, const mmfs_gpt *g, int64_t k,
-                           int64_t *pieces, int64_t max_pieces);
+int64_t mmfs_sample_pieces(const mmfs_gpt *g, int64_t k, int64_t *pieces,
+                           int64_t max_pieces);

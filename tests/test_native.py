@@ -90,6 +90,7 @@ def test_sample_index_matches_reference(lengths, S, e, drop_last, num_samples, s
        seed=st.integers(0, 2**32 - 1))
 def test_samples_cut_the_document_stream(lengths, S, e, num_samples, seed):
     """Unshuffled samples, overlapping by e tokens, are the epochs' token stream."""
+    from mmfs.sampling.arrays import ArrayPlacer
     from mmfs.sampling.reader import GptReader, TokenSource
 
     rng = np.random.RandomState(seed)
@@ -119,11 +120,11 @@ def test_samples_cut_the_document_stream(lengths, S, e, num_samples, seed):
         shuffle_index = np.arange(N, dtype=np.uint32)
 
     Gpt.sample_index = sample_index
-    reader = GptReader(Gpt, TokenSource(Data))
+    placer = ArrayPlacer()
+    reader = GptReader(Gpt, TokenSource(Data, placer), ffi.new("mmfs_gpt *"), placer)
     out = np.zeros(S + e, dtype=np.uint16)
     for k in range(N):
-        n = lib.mmfs_read_sample(reader.source.c, reader.c, k, S + e, -1, 8,
-                                 ffi.cast("void *", out.ctypes.data))
+        n = lib.mmfs_read_sample(reader.c, k, S + e, -1, 8, ffi.cast("void *", out.ctypes.data))
         assert n == S + e
         assert np.array_equal(out, stream[k * S : k * S + S + e])
 
@@ -216,21 +217,20 @@ def test_hostile_sample_reads_fail_cleanly():
     data = np.arange(20, dtype=np.uint16).view(np.uint8)
     lengths = np.array([10, 10], dtype=np.int32)
     pointers = np.array([0, 20], dtype=np.int64)
-    src = ffi.new("mmfs_source *", dict(data=ffi.cast("uint8_t *", data.ctypes.data),
-                                        data_size=40, lengths=ffi.cast("int32_t *", lengths.ctypes.data),
-                                        pointers=ffi.cast("int64_t *", pointers.ctypes.data),
-                                        num_sequences=2, dtype=8))
+    def array(a, code):
+        return dict(data=ffi.cast("uint8_t *", a.ctypes.data), fd=-1, count=a.size, dtype=code)
+
+    src = ffi.new("mmfs_source *", dict(bytes=array(data, 1), dtype=8, lengths=array(lengths, 4),
+                                        pointers=array(pointers, 5)))
     out = np.zeros(64, dtype=np.uint16)
     outp = ffi.cast("void *", out.ctypes.data)
 
     def read(doc, rows, k=0, tokens=5):
         doc = np.asarray(doc, dtype=np.int32)
         rows = np.asarray(rows, dtype=np.int32)
-        g = ffi.new("mmfs_gpt *", dict(doc_index=ffi.cast("int32_t *", doc.ctypes.data),
-                                       num_doc_index=len(doc),
-                                       sample_index=ffi.cast("void *", rows.ctypes.data),
-                                       sample_index_wide=0, num_samples=len(rows) - 1, extra=1))
-        return lib.mmfs_read_sample(src, g, k, tokens, -1, 8, outp)
+        g = ffi.new("mmfs_gpt *", dict(source=src, doc_index=array(doc, 4), sample_index=array(rows, 4),
+                                       extra=1))
+        return lib.mmfs_read_sample(g, k, tokens, -1, 8, outp)
 
     assert read([0, 1], [[0, 0], [0, 4]]) == 5                 # sound
     assert read([0, 1], [[0, 0], [0, 4]], k=1) < 0             # sample past the end

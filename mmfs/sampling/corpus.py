@@ -13,8 +13,8 @@ from .. import __version__
 from ..config import SPLITS, Config, load_config
 from ..errors import MmfsError
 from ..formats import open_dataset
+from .arrays import ArrayPlacer
 from .builder import Builder, SplitIndices
-from .pages import MappedFiles
 from .reader import SplitReader, TokenSource
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ class Corpus:
     """Everything a mount or a loader needs to read the samples of a config."""
 
     def __init__(self, config: Config, datasets: list[DatasetEntry], by_file: dict,
-                 splits: dict[str, SplitIndices], pread_tokens: bool = False) -> None:
+                 splits: dict[str, SplitIndices], map_limit_mb: int | None = None) -> None:
         self.config = config
         self.config_path = config.path
         self.config_dict = config.as_dict()
@@ -42,33 +42,16 @@ class Corpus:
         self.pad = config.effective_pad
         # One dtype for every sample file: the widest of the datasets'.
         self.dtype = np.dtype(np.result_type(*[d.dataset.dtype for d in datasets])).newbyteorder("<")
-        sources = {file: TokenSource(ds, pread_tokens) for file, ds in by_file.items()}
+        self.placer = ArrayPlacer(None if map_limit_mb is None else map_limit_mb << 20)
+        sources = {file: TokenSource(ds, self.placer) for file, ds in by_file.items()}
         self.splits = {
-            name: SplitReader(splits[name], sources, self.dtype, self.sample_tokens, self.pad)
+            name: SplitReader(splits[name], sources, self.dtype, self.sample_tokens, self.pad,
+                              self.placer)
             for name in SPLITS
             if name in splits and len(splits[name]) > 0
         }
+        self.placer.finish()
         self.indices = splits
-        self._mapped = MappedFiles(self._arrays(by_file.values(), splits.values()))
-
-    @staticmethod
-    def _arrays(datasets, splits):
-        for ds in datasets:
-            yield from (ds.data, ds.sequence_lengths, ds.sequence_pointers, ds.document_indices)
-        for s in splits:
-            for g in s.gpts:
-                yield from (g.document_index, g.sample_index, g.shuffle_index)
-            if s.blend is not None:
-                yield from (s.blend.dataset_index, s.blend.dataset_sample_index)
-
-    def release_memory(self) -> None:
-        """Unmap the pages reads have touched (they stay in the page cache), so a
-        long-running reader's resident memory does not grow with what it read."""
-        self._mapped.release()
-
-    def trim_memory(self, limit_mb: int = 96) -> bool:
-        """release_memory() if resident memory exceeds limit_mb; True if it did."""
-        return self._mapped.trim(limit_mb << 20)
 
     def describe(self) -> dict[str, Any]:
         """What a loader needs to read the sample files (the core of mmfs.json)."""
@@ -122,12 +105,13 @@ class Corpus:
         return out
 
 
-def open_corpus(config_path: str, progress: bool = True, pread_tokens: bool = False) -> Corpus:
+def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | None = None) -> Corpus:
     """Load a config, open its datasets and build (or load) every index.
 
     progress: log what is being built, with timings (logging level INFO).
-    pread_tokens: read tokens with pread rather than through the memory map (for
-    long-running readers, whose resident memory should not grow with what they read)."""
+    map_limit_mb: keep at most this many MB of index and token files mapped and
+    read the rest with pread (for long-running readers, whose resident memory
+    must not grow with what they read; see arrays.py). None: map everything."""
     t0 = time.perf_counter()
     config = load_config(config_path)
     specs = config.all_datasets
@@ -141,7 +125,7 @@ def open_corpus(config_path: str, progress: bool = True, pread_tokens: bool = Fa
         splits = Builder(config, by_file).build()
     finally:
         sampling_log.setLevel(saved_level)
-    corpus = Corpus(config, entries, by_file, splits, pread_tokens)
+    corpus = Corpus(config, entries, by_file, splits, map_limit_mb)
     if progress:
         log.info("indices ready in %.2f s: %s", time.perf_counter() - t0,
                  ", ".join(f"{n} {len(s)} samples" for n, s in corpus.splits.items()) or "no samples")

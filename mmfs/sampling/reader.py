@@ -1,121 +1,126 @@
-"""Reading samples: top-level sample i -> (GPTDataset, unshuffled sample) -> tokens,
-assembled by the C core (tail of one sequence, whole middle sequences, head of
-the last, then padding), converted to the mount's dtype.
+"""Reading samples: training-order sample i -> (GPTDataset, unshuffled sample) ->
+tokens. The C core does every step (blend lookup, shuffle, the tail of one
+sequence, whole middle sequences, the head of the last, padding, dtype
+conversion); this module describes the arrays to it and keeps them alive.
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 
 from ..errors import NativeError
 from ..formats.dtypes import native_code
 from ..native import check, ffi, lib
+from .arrays import ArrayPlacer
 from .builder import GptIndices, SplitIndices
 
 
 class TokenSource:
-    """The C view (mmfs_source) of one opened dataset; keeps its arrays alive.
+    """The C view (mmfs_source) of one opened dataset."""
 
-    pread: read tokens with pread(2) instead of through the memory map, so that a
-    long-running reader (the mount daemon) does not map every token page it reads.
-    """
-
-    def __init__(self, dataset, pread: bool = False) -> None:
+    def __init__(self, dataset, placer: ArrayPlacer) -> None:
         self.dataset = dataset
-        self.fd = os.open(dataset.bin_path, os.O_RDONLY | os.O_CLOEXEC) if pread else -1
-        self._keep = (dataset.data, dataset.sequence_lengths, dataset.sequence_pointers)
+        self._placer = placer  # owns the file descriptors pread uses
         c = ffi.new("mmfs_source *")
-        data = dataset.data
-        c.data = ffi.cast("const uint8_t *", data.ctypes.data) if data.size else ffi.NULL
-        c.data_size = int(data.size)
-        n = int(dataset.num_sequences)
-        c.lengths = ffi.cast("const int32_t *", dataset.sequence_lengths.ctypes.data) if n else ffi.NULL
-        c.pointers = ffi.cast("const int64_t *", dataset.sequence_pointers.ctypes.data) if n else ffi.NULL
-        c.num_sequences = n
         c.dtype = native_code(dataset.dtype)
-        c.use_fd = int(pread)
-        c.fd = self.fd
+        self._keep = (
+            placer.place(c.bytes, dataset.data),
+            placer.place(c.lengths, dataset.sequence_lengths),
+            placer.place(c.pointers, dataset.sequence_pointers),
+        )
         self.c = c
-
-    def __del__(self) -> None:
-        if getattr(self, "fd", -1) >= 0:
-            os.close(self.fd)
 
 
 class GptReader:
-    """The C view (mmfs_gpt) of one GPTDataset's indices."""
+    """One GPTDataset of a split: its indices described in `c` (an mmfs_gpt)."""
 
-    def __init__(self, gpt: GptIndices, source: TokenSource) -> None:
+    def __init__(self, gpt: GptIndices, source: TokenSource, c, placer: ArrayPlacer) -> None:
         self.gpt = gpt
         self.source = source
         self.name = gpt.spec.name
-        self.shuffle_index = gpt.shuffle_index
-        doc = np.ascontiguousarray(gpt.document_index, dtype=np.int32)
-        sample = np.ascontiguousarray(gpt.sample_index)
-        self._keep = (doc, sample)
-        c = ffi.new("mmfs_gpt *")
-        c.doc_index = ffi.cast("const int32_t *", doc.ctypes.data)
-        c.num_doc_index = doc.shape[0]
-        c.sample_index = ffi.cast("const void *", sample.ctypes.data)
-        c.sample_index_wide = int(sample.dtype == np.int64)
-        c.num_samples = sample.shape[0] - 1
+        self.length = gpt.sample_index.shape[0] - 1
+        c.source = source.c
         c.extra = gpt.params.extra
+        self._keep = (
+            placer.place(c.doc_index, gpt.document_index),
+            placer.place(c.sample_index, gpt.sample_index),
+            placer.place(c.shuffle_index, gpt.shuffle_index),
+        )
         self.c = c
-        self.length = sample.shape[0] - 1
+
+    def pieces(self, k: int) -> list[tuple[int, int, int]]:
+        """(sequence id, token offset, length) of each piece of unshuffled sample k."""
+        room = 16
+        while True:
+            out = ffi.new("int64_t[]", 3 * room)
+            n = check(lib.mmfs_sample_pieces(self.c, k, out, room), f"{self.name}: sample {k}")
+            if n <= room:
+                return [(out[3 * p], out[3 * p + 1], out[3 * p + 2]) for p in range(n)]
+            room = n
 
 
 class SplitReader:
     """The samples of one split, in training order (shuffled, blended)."""
 
     def __init__(self, indices: SplitIndices, sources: dict, dtype: np.dtype,
-                 sample_tokens: int, pad: int) -> None:
+                 sample_tokens: int, pad: int, placer: ArrayPlacer) -> None:
         self.name = indices.name
         self.indices = indices
-        self.gpts = [GptReader(g, sources[g.spec.file]) for g in indices.gpts]
-        blend = indices.blend
-        self._dataset_index = None if blend is None else blend.dataset_index
-        self._dataset_sample_index = None if blend is None else blend.dataset_sample_index
         self.dtype = np.dtype(dtype)
-        self._out_code = native_code(self.dtype)
         self.sample_tokens = sample_tokens
         self.sample_bytes = sample_tokens * self.dtype.itemsize
         self.pad = pad
         self.length = len(indices)
+        self._placer = placer  # owns the file descriptors pread uses
+        gpts_c = ffi.new("mmfs_gpt[]", len(indices.gpts))
+        self.gpts = [GptReader(g, sources[g.spec.file], ffi.addressof(gpts_c, d), placer)
+                     for d, g in enumerate(indices.gpts)]
+        c = ffi.new("mmfs_split *")
+        c.gpts = gpts_c
+        c.num_gpts = len(self.gpts)
+        c.num_samples = self.length
+        c.sample_tokens = sample_tokens
+        c.pad = pad
+        c.out_dtype = native_code(self.dtype)
+        blend = indices.blend
+        self._keep = (gpts_c,) if blend is None else (
+            gpts_c,
+            placer.place(c.dataset_index, blend.dataset_index),
+            placer.place(c.dataset_sample_index, blend.dataset_sample_index),
+        )
+        self.c = c
 
     def __len__(self) -> int:
         return self.length
 
     def locate(self, i: int) -> tuple[GptReader, int]:
-        """(GPTDataset, unshuffled sample id) of top-level sample i."""
+        """(GPTDataset, unshuffled sample id) of training-order sample i."""
         if not 0 <= i < self.length:
             raise IndexError(f"{self.name}: sample {i} out of range [0, {self.length})")
-        if self._dataset_index is None:
-            gpt, j = self.gpts[0], i
-        else:
-            gpt = self.gpts[int(self._dataset_index[i])]
-            j = int(self._dataset_sample_index[i])
-            if not 0 <= j < gpt.length:
-                raise NativeError(
-                    f"{self.name}: blend entry {i} asks for sample {j} of {gpt.name}, which has "
-                    f"{gpt.length}; the blend cache is corrupt: delete it and remount"
-                )
-        return gpt, int(gpt.shuffle_index[j])
+        d, k = ffi.new("int32_t *"), ffi.new("int64_t *")
+        rc = lib.mmfs_locate(self.c, i, d, k)
+        if rc == lib.MMFS_E_INDEX_RANGE:
+            raise NativeError(
+                f"{self.name}: sample {i}: its blend or shuffle index entry is out of range; "
+                "the index cache is corrupt: delete it and remount"
+            )
+        check(rc, f"{self.name}: sample {i}")
+        return self.gpts[d[0]], k[0]
 
     def read_to_address(self, i: int, address) -> None:
         """Write sample i (sample_bytes bytes) at a C address (int or cdata pointer)."""
-        gpt, k = self.locate(i)
-        out = ffi.cast("void *", address)
-        rc = lib.mmfs_read_sample(gpt.source.c, gpt.c, k, self.sample_tokens, self.pad,
-                                  self._out_code, out)
-        check(rc, f"{self.name}: sample {i} ({gpt.name}, unshuffled {k})")
+        rc = lib.mmfs_read_split_sample(self.c, i, ffi.cast("void *", address))
+        if rc < 0:
+            gpt, k = self.locate(i)  # raises the clearer message when the blend is at fault
+            check(rc, f"{self.name}: sample {i} ({gpt.name}, unshuffled {k})")
 
     def read_into(self, i: int, buffer) -> None:
         """Write sample i into a writable buffer of at least sample_bytes bytes."""
         view = ffi.from_buffer(buffer, require_writable=True)
         if len(view) < self.sample_bytes:
             raise ValueError(f"buffer of {len(view)} bytes < {self.sample_bytes}")
+        if not 0 <= i < self.length:
+            raise IndexError(f"{self.name}: sample {i} out of range [0, {self.length})")
         self.read_to_address(i, view)
 
     def read(self, i: int) -> bytes:
@@ -131,12 +136,4 @@ class SplitReader:
     def provenance(self, i: int) -> tuple[str, list[tuple[int, int, int]]]:
         """(dataset name, [(sequence id, token offset, length), ...]) of sample i."""
         gpt, k = self.locate(i)
-        room = 16
-        while True:
-            pieces = ffi.new("int64_t[]", 3 * room)
-            n = check(lib.mmfs_sample_pieces(gpt.source.c, gpt.c, k, pieces, room),
-                      f"{self.name}: sample {i}")
-            if n <= room:
-                return gpt.name, [(pieces[3 * p], pieces[3 * p + 1], pieces[3 * p + 2])
-                                  for p in range(n)]
-            room = n
+        return gpt.name, gpt.pieces(k)

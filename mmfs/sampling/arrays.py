@@ -1,0 +1,110 @@
+"""The C core's view of numpy arrays (`mmfs_array`): in memory, or read with pread.
+
+Index and token files are memory-mapped. Every page a read touches through a
+map stays in the process's page tables and counts in its resident memory, so a
+long-running reader of random samples (the mount daemon) would grow to the size
+of everything it ever touched: gigabytes for a config of 100M samples. With a
+map limit, `ArrayPlacer` keeps the smallest file-backed arrays mapped, up to
+that many bytes in total, and has the C core read the rest with pread(2) from
+the file: the same bytes, served from the page cache, never mapped.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+from ..formats.dtypes import native_code
+from ..native import ffi
+
+
+def file_region(array: np.ndarray) -> tuple[str, int] | None:
+    """(file name, byte offset) of the bytes of a C-contiguous array that views a
+    np.memmap (through any chain of views), or None for an array in memory."""
+    if not array.flags.c_contiguous or array.size == 0:
+        return None
+    node: Any = array
+    for _ in range(64):
+        if isinstance(node, np.memmap) and isinstance(getattr(node, "_mmap", None), mmap.mmap):
+            m = node._mmap
+            # np.memmap maps from `offset` rounded down to the allocation granularity.
+            map_start = node.offset - node.offset % mmap.ALLOCATIONGRANULARITY
+            map_address = np.frombuffer(m, dtype=np.uint8).ctypes.data
+            if not node.filename:
+                return None
+            return str(node.filename), map_start + (array.ctypes.data - map_address)
+        node = getattr(node, "base", None)
+        if not isinstance(node, np.ndarray):
+            return None
+    return None
+
+
+def native_array(array: np.ndarray) -> np.ndarray:
+    """The array C-contiguous in native byte order (a copy only when it is not)."""
+    array = np.asarray(array)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return np.ascontiguousarray(array)
+
+
+class ArrayPlacer:
+    """Fills `mmfs_array` structs and decides where each array is read from.
+
+    `place(c, array)` points c at the array in memory at once; `finish()` then
+    switches the largest file-backed arrays to pread until the mapped ones fit
+    in `map_limit` bytes (None: everything stays mapped)."""
+
+    def __init__(self, map_limit: int | None = None) -> None:
+        self.map_limit = map_limit
+        self._placed: list[tuple[Any, np.ndarray, tuple[str, int] | None]] = []
+        self._fds: dict[str, int] = {}
+        self.mapped_bytes = 0  # file-backed, mapped
+        self.pread_bytes = 0   # file-backed, read with pread
+        self.memory_bytes = 0  # not file-backed: held in the process's memory
+
+    def place(self, c: Any, array: np.ndarray) -> np.ndarray:
+        """Describe `array` (made native and contiguous) in the struct c; returns
+        the array the struct points into (the caller keeps it alive)."""
+        array = native_array(array)
+        c.dtype = native_code(array.dtype)
+        c.count = array.size
+        c.fd = -1
+        c.offset = 0
+        c.data = ffi.cast("const uint8_t *", array.ctypes.data) if array.size else ffi.NULL
+        region = file_region(array)
+        if region is None:
+            self.memory_bytes += array.nbytes
+        self._placed.append((c, array, region))
+        return array
+
+    def finish(self) -> None:
+        """Apply the map limit (once every array is placed)."""
+        files = sorted((a.nbytes, i) for i, (_, a, region) in enumerate(self._placed) if region)
+        seen: set[tuple[str, int]] = set()
+        for nbytes, i in files:
+            c, array, region = self._placed[i]
+            if region in seen:  # the same bytes placed twice: decided already
+                continue
+            seen.add(region)
+            if self.map_limit is None or self.mapped_bytes + nbytes <= self.map_limit:
+                self.mapped_bytes += nbytes
+                continue
+            path, offset = region
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self.pread_bytes += nbytes
+            for c2, _, r2 in self._placed:
+                if r2 == region:
+                    c2.data, c2.fd, c2.offset = ffi.NULL, fd, offset
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
