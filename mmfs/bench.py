@@ -73,6 +73,11 @@ def _read_files(paths: Sequence[str], size: int) -> int:
     return total
 
 
+def _read_one(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def _worker(fn: Callable[[Any], int], chunk: Any, start: Any, conn: Any) -> None:
     start.wait()
     t0 = time.perf_counter()
@@ -138,17 +143,58 @@ class Plan:
         return out
 
 
-def _passes(method: str, order: str, readers: int, ids: np.ndarray,
-            make_chunk: Callable[[np.ndarray], Any], fn: Callable[[Any], int]) -> list[Row]:
-    """A cold (first) and a warm (second) pass of one method over `ids`."""
+def read_through(paths: Sequence[str]) -> None:
+    """Read files end to end, so that their pages are in memory. On a VM, data
+    that sat in the page cache untouched for a few seconds reads much slower
+    the first time again (the host reclaims the guest's idle memory), so every
+    cold pass starts from freshly read source files."""
+    buf = bytearray(4 << 20)
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
+@dataclass
+class Method:
+    """One way of reading samples: make_chunk(ids) -> what fn reads."""
+
+    name: str
+    make_chunk: Callable[[np.ndarray], Any]
+    fn: Callable[[Any], int]
+
+
+SLICES = 5  # methods take turns slice by slice, so that noise hits them alike
+
+
+def _interleaved(methods: list[Method], order: str, readers: int, ids: np.ndarray,
+                 sources: Sequence[str] = ()) -> list[Row]:
+    """A cold (first) and a warm (second) pass of every method over `ids`. The
+    ids are cut into SLICES slices and the methods take turns on each slice, so
+    that a noisy neighbour slows all of them alike; a method's time is the sum
+    of its slices."""
     rows = []
     for phase in ("cold", "warm"):
-        chunks = [make_chunk(part) for part in _split(ids, readers)]
-        seconds = _run_parallel(fn, chunks)
-        rows.append(Row(method, order, readers, phase, len(ids), seconds))
-        log.info("%-20s %-10s %d reader(s) %-4s %9.0f samples/s", method, order, readers,
-                 phase, rows[-1].rate)
+        if phase == "cold":
+            read_through(sources)
+        seconds = dict.fromkeys((m.name for m in methods), 0.0)
+        for part in np.array_split(ids, min(SLICES, len(ids))):
+            for m in methods:
+                seconds[m.name] += _run_parallel(m.fn, [m.make_chunk(p) for p in _split(part, readers)])
+        for m in methods:
+            rows.append(Row(m.name, order, readers, phase, len(ids), seconds[m.name]))
+            log.info("%-20s %-10s %d reader(s) %-4s %9.0f samples/s", m.name, order, readers,
+                     phase, rows[-1].rate)
     return rows
+
+
+def _copy_to_tmpfs(ids: np.ndarray, width: int, read: Callable[[int], bytes], root: str | None) -> str:
+    """The bytes of samples `ids` as real files in a new folder on tmpfs."""
+    folder = tempfile.mkdtemp(prefix="mmfs-bench-", dir=root)
+    for i in ids:
+        with open(os.path.join(folder, f"{int(i):0{width}d}.bin"), "wb") as f:
+            f.write(read(int(i)))
+    return folder
 
 
 def sample_paths(mount: str, split: str, width: int, ids: np.ndarray) -> list[str]:
@@ -160,8 +206,8 @@ def bench_mount(mount: str, n: int, readers: list[int], corpus: Any = None,
                 daemon_pid: int | None = None) -> dict[str, Any]:
     """Every measurement on a mounted mmfs directory (and its corpus, if open).
 
-    The methods take turns for each (order, readers) configuration, so that a
-    noisy neighbour slows all of them alike."""
+    The methods take turns slice by slice (see _interleaved), so that a noisy
+    neighbour slows all of them alike."""
     with open(os.path.join(mount, "mmfs.json")) as f:
         info = json.load(f)
     split = "train" if "train" in info["samples"] else next(iter(info["samples"]))
@@ -187,28 +233,35 @@ def bench_mount(mount: str, n: int, readers: list[int], corpus: Any = None,
     else:
         megatron_read = _megatron_reader(corpus, split, megatron_cache, notes)
     shm_root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    sources = corpus.placer.files() if corpus is not None else []
+    sources += sorted(os.path.join(d, f) for d, _, files in os.walk(megatron_cache) for f in files)
+    if corpus is None:
+        notes.append("the source files are not read through before cold passes (bench a config for that)")
     for (order, r), ids in plan.items():
-        paths = lambda part: sample_paths(mount, split, width, part)  # noqa: E731
-        rows += _passes("mmfs mount", order, r, ids, paths, read_files)
-        # The same bytes as real files on tmpfs (copied after mmfs's passes so
-        # that the copy does not warm the mount).
-        shm = tempfile.mkdtemp(prefix="mmfs-bench-", dir=shm_root)
+        def tmpfs_method(folder: str) -> Method:
+            return Method("tmpfs files", lambda part: [os.path.join(folder, f"{int(i):0{width}d}.bin")
+                                                       for i in part], read_files)
+
+        methods = [Method("mmfs mount", lambda part: sample_paths(mount, split, width, part), read_files)]
+        shm = None
         try:
-            for p in sample_paths(mount, split, width, ids):
-                with open(p, "rb") as src, open(os.path.join(shm, os.path.basename(p)), "wb") as dst:
-                    dst.write(src.read())
-            rows += _passes("tmpfs files", order, r, ids,
-                            lambda part, shm=shm: [os.path.join(shm, f"{int(i):0{width}d}.bin")
-                                                   for i in part],
-                            read_files)
+            if corpus is not None:
+                # The same bytes as real files on tmpfs, written by the in-process
+                # reader (reading them from the mount would warm it).
+                shm = _copy_to_tmpfs(ids, width, reader.read, shm_root)
+                methods += [tmpfs_method(shm),
+                            Method("mmfs in-process", lambda part: part, inprocess_read),
+                            Method("numpy memmap slice", lambda part: part, memmap_read)]
+                if megatron_read is not None:
+                    methods.append(Method("megatron __getitem__", lambda part: part, megatron_read))
+            rows += _interleaved(methods, order, r, ids, sources)
+            if corpus is None:  # copied from the mount, after its passes
+                shm = _copy_to_tmpfs(ids, width, lambda i: _read_one(sample_paths(mount, split, width, [i])[0]),
+                                     shm_root)
+                rows += _interleaved([tmpfs_method(shm)], order, r, ids)
         finally:
-            shutil.rmtree(shm, ignore_errors=True)
-        if corpus is not None:
-            rows += _passes("mmfs in-process", order, r, ids, lambda part: part, inprocess_read)
-            rows += _passes("numpy memmap slice", order, r, ids, lambda part: part, memmap_read)
-            if megatron_read is not None:
-                rows += _passes("megatron __getitem__", order, r, ids, lambda part: part,
-                                megatron_read)
+            if shm is not None:
+                shutil.rmtree(shm, ignore_errors=True)
     shutil.rmtree(megatron_cache, ignore_errors=True)
     rss_after = daemon_memory(daemon_pid)
     return {

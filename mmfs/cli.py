@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", help="a mounted mmfs directory or a YAML config")
     p.add_argument("-n", "--samples", type=int, default=20000, help="samples per pass")
     p.add_argument("--readers", default="1,2,4", help="reader process counts")
+    p.add_argument("-o", dest="options", default="",
+                   help="mount options when benching a config (as for mmfs mount)")
     p.add_argument("--json", action="store_true")
     return parser
 

@@ -343,6 +343,9 @@ def serve(tree: Tree, mountpoint: str, options: dict[str, Any] | None = None) ->
     # The source column of `mount`/`df`: "mmfs:<config file name>".
     name = os.path.basename(str(getattr(tree.corpus, "config_path", "") or "")) or "config"
     opts.setdefault("fsname", "mmfs:" + "".join(c if c.isalnum() or c in "._-" else "_" for c in name))
+    placer = getattr(tree.corpus, "placer", None)
+    if placer is not None:
+        placer.prefault()
     ops = Operations(tree)
     log.info("serving %s (%s loop)", mountpoint, "multithreaded" if threads else "single-thread")
     guard = LatencyGuard(enabled=low_latency)

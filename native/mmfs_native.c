@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static int itemsize_of(int32_t code) {
     switch (code) {
@@ -218,6 +219,20 @@ static int array_bytes(const mmfs_array *a, int64_t first, int64_t n, uint8_t *t
         return MMFS_OK;
     }
     return pread_all(a->fd, to, n * item, a->offset + first * item);
+}
+
+int mmfs_prefault(const void *p, int64_t n) {
+    if (!p || n < 0) return MMFS_E_ARG;
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t start = (uintptr_t)p & ~(uintptr_t)(page - 1);
+    size_t length = (size_t)((uintptr_t)p + (uintptr_t)n - start);
+#ifdef MADV_POPULATE_READ
+    if (madvise((void *)start, length, MADV_POPULATE_READ) == 0) return MMFS_OK;
+#endif
+    /* Older kernels: touch one byte per page. */
+    volatile const uint8_t *bytes = (volatile const uint8_t *)start;
+    for (size_t off = 0; off < length; off += (size_t)page) (void)bytes[off];
+    return MMFS_OK;
 }
 
 #define MAX_RUN 64 /* elements fetched at once by array_ints */

@@ -52,6 +52,10 @@ typedef struct {
     int32_t dtype;        /* MMIDIDX code of the elements (1..9; 9 = uint32) */
 } mmfs_array;
 
+/* Map the pages of [p, p + n) into the process now (they are in the page
+ * cache), so that reads never stop for a page fault. 0, or MMFS_E_ARG. */
+int mmfs_prefault(const void *p, int64_t n);
+
 /* One token file with its sequence table. */
 typedef struct {
     mmfs_array bytes;     /* the token file as uint8 (dtype 1) */

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..formats.dtypes import native_code
-from ..native import ffi
+from ..native import ffi, lib
 
 
 def file_region(array: np.ndarray) -> tuple[str, int] | None:
@@ -55,12 +55,14 @@ class ArrayPlacer:
 
     `place(c, array)` points c at the array in memory at once; `finish()` then
     switches the largest file-backed arrays to pread until the mapped ones fit
-    in `map_limit` bytes (None: everything stays mapped)."""
+    in `map_limit` bytes (None: everything stays mapped); `prefault()` maps
+    those in full."""
 
     def __init__(self, map_limit: int | None = None) -> None:
         self.map_limit = map_limit
         self._placed: list[tuple[Any, np.ndarray, tuple[str, int] | None]] = []
         self._fds: dict[str, int] = {}
+        self._prefault: list[np.ndarray] = []  # mapped within the limit
         self.mapped_bytes = 0  # file-backed, mapped
         self.pread_bytes = 0   # file-backed, read with pread
         self.memory_bytes = 0  # not file-backed: held in the process's memory
@@ -89,7 +91,11 @@ class ArrayPlacer:
             if region in seen:  # the same bytes placed twice: decided already
                 continue
             seen.add(region)
-            if self.map_limit is None or self.mapped_bytes + nbytes <= self.map_limit:
+            if self.map_limit is None:
+                self.mapped_bytes += nbytes
+                continue
+            if self.mapped_bytes + nbytes <= self.map_limit:
+                self._prefault.append(array)
                 self.mapped_bytes += nbytes
                 continue
             path, offset = region
@@ -100,6 +106,17 @@ class ArrayPlacer:
             for c2, _, r2 in self._placed:
                 if r2 == region:
                     c2.data, c2.fd, c2.offset = ffi.NULL, fd, offset
+
+    def prefault(self) -> None:
+        """Map the arrays kept mapped under the limit in full now, so that reads
+        never stop for a page fault. Call it in the process that reads: a fork
+        does not inherit the page tables of shared file maps."""
+        for array in self._prefault:
+            lib.mmfs_prefault(ffi.cast("const void *", array.ctypes.data), array.nbytes)
+
+    def files(self) -> list[str]:
+        """Every file an array placed here comes from."""
+        return sorted({region[0] for _, _, region in self._placed if region})
 
     def close(self) -> None:
         fds, self._fds = self._fds, {}
