@@ -33,6 +33,8 @@ class LatencyGuard:
     def __init__(self, enabled: bool = True, idle: float = 1.0, device: str = QOS_DEVICE) -> None:
         self.device = device
         self.enabled = enabled and os.access(device, os.W_OK)
+        if enabled and not self.enabled:
+            log.info("cannot write %s (not root?): cold reads will be slower, see README.md", device)
         if self.enabled:
             rc = lib.mmfs_latency_start(ffi.new("char[]", os.fsencode(device)), max(1, int(idle * 1000)))
             if rc < 0:
