@@ -9,10 +9,12 @@ Why it is shaped this way (all for speed, the contents never change):
 - `open` answers ENOSYS. The kernel then stops sending OPEN and RELEASE for
   files altogether and keeps their page cache across opens (the kernel's
   "no_open" mode, Linux >= 4.19), so a file read costs one LOOKUP and one READ.
-- `read` assembles a whole sample in C straight into the buffer libfuse
-  passes; only partial reads (dd bs=1, offsets) go through a temporary.
+- Sample files never enter Python: `NativeSamples` puts C handlers
+  (native/mmfs_fuse.c) for getattr, read and readdir into fusepy's table; they
+  assemble a whole sample straight into libfuse's buffer and hand every other
+  path to the methods below.
 - `getattr` fills the stat struct directly; `readdir` streams entries with
-  offsets, so a directory of millions of samples is never built in memory.
+  offsets, so a directory of millions of entries is never built in memory.
 - The mount is read-only (`ro`): the kernel refuses writes with EROFS before
   they reach mmfs; the write-like handlers below answer EROFS as well.
 """
@@ -277,14 +279,9 @@ class NativeSamples:
         for name, thunk in python.items():
             setattr(fallback, name, ffi.cast(ffi.typeof(getattr(fallback, name)),
                                              ctypes.cast(thunk, ctypes.c_void_p).value))
-        dirs = []
-        for split_name, view in tree.splits.items():
-            reader = view.split
-            if getattr(reader, "c", None) is None:  # not a C-backed reader: stay in Python
-                continue
-            file_stat = fs._make_stat(tree.attr(Generated(view, 0)))
-            path = ffi.new("char[]", f"/{split_name}/samples".encode())
-            dirs.append((path, reader, view, file_stat))
+        dirs = [(ffi.new("char[]", f"/{name}/samples".encode()), view.split, view,
+                 fs._make_stat(tree.attr(Generated(view, 0))))
+                for name, view in tree.splits.items()]
         table = ffi.new("mmfs_sample_dir[]", len(dirs))
         for entry, (path, reader, view, file_stat) in zip(table, dirs):
             entry.path = path

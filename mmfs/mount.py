@@ -138,9 +138,17 @@ REOPEN_ABOVE = 32 << 20
 
 
 def _index_bytes_in_memory(corpus: Any) -> int:
-    """Bytes of the corpus's arrays held in memory rather than mapped from files."""
-    placer = getattr(corpus, "placer", None)
-    return int(placer.memory_bytes) if placer is not None else 0
+    """Bytes of the corpus's index arrays held in memory rather than mapped from
+    their cache files (a .pbin's sequence table is always in memory: not counted)."""
+    from .sampling.arrays import file_region
+
+    total = 0
+    for s in corpus.indices.values():
+        arrays = [a for g in s.gpts for a in (g.document_index, g.sample_index, g.shuffle_index)]
+        if s.blend is not None:
+            arrays += [s.blend.dataset_index, s.blend.dataset_sample_index]
+        total += sum(int(a.nbytes) for a in arrays if file_region(a) is None)
+    return total
 
 
 
