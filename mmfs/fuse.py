@@ -2,19 +2,21 @@
 
 Why it is shaped this way (all for speed, the contents never change):
 
-- fusepy registers a libfuse callback for every method the operations object
-  has, so `Operations` defines only what mmfs answers: no flush, release,
-  opendir, releasedir, fsync or access (libfuse or the kernel handle those
-  without a trip into Python).
+- The files of every view (samples, documents, sequences; mmfs/views.py)
+  never enter Python: getattr, read and readdir are C handlers
+  (native/mmfs_fuse.c) in the operations table, which hand every other path
+  (mmfs.json, symlinks, the directories above the views) to the Python
+  handlers below.
+- mmfs builds that operations table itself (`Daemon.operations_table`) from
+  fusepy's ctypes declarations, puts the C handlers in, and checks the result
+  before it mounts (`check_table`): the C handlers are compiled for one layout
+  of libfuse 2's `struct fuse_operations`, the one fusepy FUSEPY_VERSION
+  declares. Anything else refuses to mount, in one line.
+- Only what mmfs answers is in the table: no flush, release, opendir,
+  releasedir, fsync or access (libfuse or the kernel handle those).
 - `open` answers ENOSYS. The kernel then stops sending OPEN and RELEASE for
   files altogether and keeps their page cache across opens (the kernel's
   "no_open" mode, Linux >= 4.19), so a file read costs one LOOKUP and one READ.
-- Sample files never enter Python: `NativeSamples` puts C handlers
-  (native/mmfs_fuse.c) for getattr, read and readdir into fusepy's table; they
-  assemble a whole sample straight into libfuse's buffer and hand every other
-  path to the methods below.
-- `getattr` fills the stat struct directly; `readdir` streams entries with
-  offsets, so a directory of millions of entries is never built in memory.
 - The mount is read-only (`ro`): the kernel refuses writes with EROFS before
   they reach mmfs; the write-like handlers below answer EROFS as well.
 """
@@ -25,16 +27,25 @@ import ctypes
 import errno
 import logging
 import os
+import signal
+from functools import partial
+from importlib import metadata
 from typing import Any
 
 import fuse as fusepy
 
-from .errors import MountError
+from .errors import MmfsError, MountError
 from .latency import LatencyGuard
 from .native import check, ffi, lib
-from .tree import DIR_MODE, FILE_MODE, LINK_MODE, Blob, Dir, Generated, SampleView, Tree
+from .tree import DIR_MODE, FILE_MODE, LINK_MODE, Dir, Tree
 
 log = logging.getLogger(__name__)
+
+# The fusepy release whose `fuse_operations` the C handlers are installed in
+# (pinned in pyproject.toml), and where libfuse 2.9 has those handlers in its
+# `struct fuse_operations` on a 64-bit Linux (field k at byte 8 k).
+FUSEPY_VERSION = "3.0.1"
+NATIVE_HANDLERS = {"getattr": 0, "read": 15 * 8, "readdir": 26 * 8, "fgetattr": 34 * 8}
 
 # The data never changes while mounted: let the kernel cache names, attributes
 # and misses for a day.
@@ -50,16 +61,15 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "subtype": "mmfs",
 }
 
+# mmfs's own -o options (the rest go to libfuse).
+MMFS_OPTIONS = ("threads", "low_latency", "map_limit_mb", "nothreads", "foreground")
 
 STAT_SIZE = ctypes.sizeof(fusepy.c_stat)
 
-# Index and token files the daemon keeps memory-mapped, at most (the smallest
+# Index and token files the daemon keeps in memory, at most (the smallest
 # first); it reads the rest with pread, so its resident memory stays flat
 # whatever the config's size. `-o map_limit_mb=N`.
 DEFAULT_MAP_LIMIT_MB = 64
-
-# The requests served in C (see native/mmfs_fuse.h), by fusepy field name.
-NATIVE_HANDLERS = ("getattr", "fgetattr", "read", "readdir")
 
 
 def _erofs(*_args: Any) -> None:
@@ -67,8 +77,9 @@ def _erofs(*_args: Any) -> None:
 
 
 class Operations:
-    """The operations fusepy calls for requests the subclass below does not
-    take over (readlink, xattrs, statfs) and the write-like ones (EROFS)."""
+    """What Python answers: readlink, xattrs, statfs, and EROFS for anything
+    that would change the mount. (getattr, read and readdir of the paths the C
+    handlers hand over are `Daemon` methods, on libfuse's buffers.)"""
 
     use_ns = True  # times in nanoseconds (fusepy warns otherwise)
 
@@ -84,19 +95,6 @@ class Operations:
             raise fusepy.FuseOSError(errno.ENOENT)
         return node
 
-    # Present so that fusepy registers them; MmfsFUSE implements the bodies.
-    def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
-        raise fusepy.FuseOSError(errno.ENOSYS)
-
-    def open(self, path: str, flags: int) -> int:
-        raise fusepy.FuseOSError(errno.ENOSYS)
-
-    def read(self, path: str, size: int, offset: int, fh: Any) -> bytes:
-        raise fusepy.FuseOSError(errno.ENOSYS)
-
-    def readdir(self, path: str, fh: Any) -> list[str]:
-        raise fusepy.FuseOSError(errno.ENOSYS)
-
     def readlink(self, path: str) -> str:
         target = self.tree.readlink(self._node(path))
         if target is None:
@@ -104,7 +102,11 @@ class Operations:
         return target
 
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
-        value = self.tree.xattr(self._node(path), name)
+        try:
+            value = self.tree.xattr(self._node(path), name)
+        except MmfsError as exc:  # the file cannot be read: say why, answer EIO
+            log.error("getxattr %s %s: %s", path, name, exc)
+            raise fusepy.FuseOSError(errno.EIO) from None
         if value is None:
             raise fusepy.FuseOSError(errno.ENODATA)
         return value
@@ -121,61 +123,91 @@ class Operations:
     setxattr = removexattr = _erofs
 
 
-class MmfsFUSE(fusepy.FUSE):
-    """fusepy's FUSE with the hot paths (getattr, read, readdir, open)
-    talking to the tree and to libfuse's buffers directly."""
+# The table entries answered by Python: fusepy's marshalling methods (which
+# call Operations) and the Daemon's own buffer-level ones.
+PYTHON_HANDLERS = (
+    "readlink", "open", "statfs", "getxattr", "listxattr",
+    "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename", "link", "chmod", "chown",
+    "truncate", "write", "create", "utimens", "setxattr", "removexattr",
+)
 
-    def __init__(self, operations: Operations, mountpoint: str, guard: LatencyGuard,
-                 **kwargs: Any) -> None:
+
+class Daemon(fusepy.FUSE):
+    """fusepy's request marshalling with mmfs's own operations table.
+
+    fusepy's FUSE.__init__ builds a table and starts libfuse in one call, with
+    no say over the table; mmfs does not call it. `serve` builds the table
+    (`operations_table`), checks it and runs libfuse's loop itself."""
+
+    def __init__(self, operations: Operations) -> None:  # not FUSE.__init__: it would mount
+        self.operations = operations
+        self.raw_fi = False
+        self.encoding = "utf-8"
+        self.use_ns = True
+        self._FUSE__critical_exception = None  # fusepy's _wrapper records failures here
         self._tree = operations.tree
-        self._touch = guard.touch
-        self._uid, self._gid = os.getuid(), os.getgid()
-        self._st_dir = fusepy.c_stat(st_mode=DIR_MODE)
-        self._st_file = fusepy.c_stat(st_mode=FILE_MODE)
-        self._st_link = fusepy.c_stat(st_mode=LINK_MODE)
-        self._stat_cache: dict[Any, Any] = {}
-        self._native = NativeSamples(self)
-        # fusepy builds its operations table and starts libfuse in one call; the
-        # stand-in below lets NativeSamples edit the table in between.
-        real = fusepy._libfuse
-        fusepy._libfuse = _LibfuseWithHook(real, self._native.install)
-        try:
-            super().__init__(operations, mountpoint, **kwargs)  # runs until unmounted
-        finally:
-            fusepy._libfuse = real
+        self._stats: dict[Any, Any] = {}
+        self._keep: list[Any] = []
+
+    # -- the table ---------------------------------------------------------------
+
+    def operations_table(self) -> fusepy.fuse_operations:
+        """The libfuse operations table: the C handlers for the views, Python
+        for the rest; every C handler's Python fallback kept alive here."""
+        table = fusepy.fuse_operations()
+        prototypes = {field[0]: field[1] for field in fusepy.fuse_operations._fields_}
+        for name in PYTHON_HANDLERS:
+            handler = prototypes[name](partial(self._wrapper, getattr(self, name)))
+            setattr(table, name, handler)
+            self._keep.append(handler)
+        python = {  # what the C handlers hand over to
+            "getattr": prototypes["getattr"](lambda path, buf: self.fgetattr(path, buf, None)),
+            "fgetattr": prototypes["fgetattr"](self.fgetattr),
+            "read": prototypes["read"](self.read),
+            "readdir": prototypes["readdir"](self.readdir),
+        }
+        fallback = ffi.new("mmfs_fuse_fallback *")
+        for name, thunk in python.items():
+            setattr(fallback, name, ffi.cast(ffi.typeof(getattr(fallback, name)),
+                                             ctypes.cast(thunk, ctypes.c_void_p).value))
+        registry = self._tree.registry
+        check(lib.mmfs_fuse_configure(registry.c, len(registry), os.getuid(), os.getgid(),
+                                      STAT_SIZE, fallback), "mmfs_fuse_configure")
+        self._keep += [python, fallback, registry]
+        for name in NATIVE_HANDLERS:
+            setattr(table, name, prototypes[name](native_address(name)))
+        return table
+
+    # -- what the C handlers hand over: paths outside the views, failed reads ----
 
     def open(self, path: bytes, fip: Any) -> int:
         # ENOSYS: the kernel stops sending OPEN/RELEASE and keeps the page cache.
         return -errno.ENOSYS
 
     def fgetattr(self, path: bytes, buf: Any, fip: Any) -> int:
-        self._touch()
         try:
             node = self._tree.lookup(path.decode("utf-8", "surrogateescape"))
             if node is None:
                 return -errno.ENOENT
             a = self._tree.attr(node)
-        except Exception:
-            log.exception("getattr %r", path)
+        except Exception as exc:
+            log.error("getattr %s: %s", path.decode(errors="replace"), exc)
             return -errno.EIO
-        # Every sample of a split has the same attributes: copy a ready struct.
-        template = self._stat_cache.get(a)
+        template = self._stats.get(a)
         if template is None:
-            template = self._stat_cache[a] = self._make_stat(a)
+            template = self._stats[a] = self._make_stat(a)
         ctypes.memmove(buf, ctypes.addressof(template), STAT_SIZE)
         return 0
 
     def _make_stat(self, a: Any) -> Any:
-        if len(self._stat_cache) > 4096:  # documents/sequences have many sizes
-            self._stat_cache.clear()
         st = fusepy.c_stat()
         st.st_mode = a.mode
         st.st_nlink = a.nlink
         st.st_size = a.size
         st.st_blocks = (a.size + 511) // 512
         st.st_blksize = 4096
-        st.st_uid = self._uid
-        st.st_gid = self._gid
+        st.st_uid = os.getuid()
+        st.st_gid = os.getgid()
         sec, nsec = divmod(a.mtime_ns, 1_000_000_000)
         for ts in (st.st_mtimespec, st.st_atimespec, st.st_ctimespec):
             ts.tv_sec = sec
@@ -183,53 +215,36 @@ class MmfsFUSE(fusepy.FUSE):
         return st
 
     def read(self, path: bytes, buf: Any, size: int, offset: int, fip: Any) -> int:
-        self._touch()
+        name = path.decode("utf-8", "surrogateescape")
         try:
-            node = self._tree.lookup(path.decode("utf-8", "surrogateescape"))
-            if isinstance(node, Generated):
-                view, i = node
-                if offset == 0 and isinstance(view, SampleView) and size >= view.sample_bytes:
-                    # The whole sample, assembled in C into libfuse's buffer.
-                    address = ctypes.addressof(buf.contents)
-                    if view.read_to_address is not None:
-                        view.read_to_address(i, address)
-                        return view.sample_bytes
-                    target = (ctypes.c_char * view.sample_bytes).from_address(address)
-                    return view.read_into(i, target)
-            elif not isinstance(node, Blob):
-                return -errno.EISDIR if isinstance(node, Dir) else -errno.ENOENT
+            node = self._tree.lookup(name)
+            if isinstance(node, Dir):
+                return -errno.EISDIR
+            if node is None:
+                return -errno.ENOENT
             data = self._tree.read(node, offset, size)
-        except Exception:
-            log.exception("read %r size %d offset %d", path, size, offset)
+        except MmfsError as exc:  # a view's file that cannot be read: say why
+            log.error("read %s (%d bytes at %d): %s", name, size, offset, exc)
             return -errno.EIO
-        n = len(data)
-        if n:
-            ctypes.memmove(buf, data, n)
-        return n
+        except Exception:
+            log.exception("read %s (%d bytes at %d)", name, size, offset)
+            return -errno.EIO
+        if data:
+            ctypes.memmove(buf, data, len(data))
+        return len(data)
 
     def readdir(self, path: bytes, buf: Any, filler: Any, offset: int, fip: Any) -> int:
-        # Offsets make libfuse ask for the directory one buffer at a time:
-        # entry k (0 = ".", 1 = "..") carries offset k + 1, the place to resume.
+        # Entry k (0 = ".", 1 = "..") carries offset k + 1, the place to resume.
         try:
             node = self._tree.lookup(path.decode("utf-8", "surrogateescape"))
             if not isinstance(node, Dir):
                 return -errno.ENOTDIR if node is not None else -errno.ENOENT
-            st_dir, st_file = self._st_dir, self._st_file
+            kinds = {mode: fusepy.c_stat(st_mode=mode) for mode in (FILE_MODE, DIR_MODE, LINK_MODE)}
             pos = offset
             while pos < 2:
-                name = (b".", b"..")[pos]
                 pos += 1
-                if filler(buf, name, st_dir, pos):
+                if filler(buf, (b".", b"..")[pos - 1], kinds[DIR_MODE], pos):
                     return 0
-            view = node.view
-            if view is not None:
-                # Millions of names: format them right here, one per filler call.
-                fmt = view.name_format.encode()
-                for i in range(pos - 2, view.count):
-                    if filler(buf, fmt % i, st_file, i + 3):
-                        break
-                return 0
-            kinds = {FILE_MODE: st_file, DIR_MODE: st_dir, LINK_MODE: self._st_link}
             for name, mode in self._tree.entries(node, pos - 2):
                 pos += 1
                 if filler(buf, name.encode("utf-8", "surrogateescape"), kinds[mode], pos):
@@ -239,63 +254,49 @@ class MmfsFUSE(fusepy.FUSE):
             log.exception("readdir %r offset %d", path, offset)
             return -errno.EIO
 
+    # -- running -------------------------------------------------------------------
 
-class _LibfuseWithHook:
-    """fusepy's libfuse handle, except that fuse_main_real first passes the
-    operations table to `hook`."""
+    def serve(self, mountpoint: str, foreground_args: list[str], options: dict[str, Any]) -> None:
+        table = self.operations_table()
+        check_table(table)
+        log.info("served in C: %s", ", ".join(v.path for v in self._tree.registry.views) or "nothing")
+        args = ["mmfs", *foreground_args, "-o", ",".join(self._normalize_fuse_options(**options)),
+                mountpoint]
+        argv = (ctypes.c_char_p * len(args))(*[a.encode() for a in args])
+        # libfuse installs its SIGINT/SIGTERM handlers (which unmount) only over
+        # the default ones; Python's own SIGINT handler would keep it from that.
+        previous = signal.signal(signal.SIGINT, signal.SIG_DFL)
+        try:
+            err = fusepy._libfuse.fuse_main_real(len(args), argv, ctypes.pointer(table),
+                                                 ctypes.sizeof(table), None)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if err:
+            raise MountError(f"{mountpoint}: libfuse could not mount or serve it (code {err}): "
+                             "see libfuse's own message just before this line")
 
-    def __init__(self, libfuse: Any, hook: Any) -> None:
-        self._libfuse = libfuse
-        self._hook = hook
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._libfuse, name)
-
-    def fuse_main_real(self, argc: Any, argv: Any, ops: Any, size: Any, user_data: Any) -> int:
-        self._hook(ops.contents)
-        return self._libfuse.fuse_main_real(argc, argv, ops, size, user_data)
+def native_address(name: str) -> int:
+    """The address of the C handler for table entry `name`."""
+    return int(ffi.cast("uintptr_t", ffi.addressof(lib, f"mmfs_fuse_{name}")))
 
 
-class NativeSamples:
-    """Serves the sample directories from C (native/mmfs_fuse.c): getattr, read
-    and readdir of `/<split>/samples/...` never enter Python. Every other path
-    goes to the MmfsFUSE methods, which the C handlers call as their fallback."""
-
-    def __init__(self, fs: MmfsFUSE) -> None:
-        self.fs = fs
-        self._keep: list[Any] = []
-
-    def install(self, ops: Any) -> None:
-        fs, tree = self.fs, self.fs._tree
-        prototypes = {field[0]: field[1] for field in fusepy.fuse_operations._fields_}
-        # The Python handlers, as C function pointers the C handlers fall back to.
-        python = {
-            "getattr": prototypes["getattr"](lambda path, buf: fs.fgetattr(path, buf, None)),
-            "fgetattr": prototypes["fgetattr"](fs.fgetattr),
-            "read": prototypes["read"](fs.read),
-            "readdir": prototypes["readdir"](fs.readdir),
-        }
-        fallback = ffi.new("mmfs_fuse_fallback *")
-        for name, thunk in python.items():
-            setattr(fallback, name, ffi.cast(ffi.typeof(getattr(fallback, name)),
-                                             ctypes.cast(thunk, ctypes.c_void_p).value))
-        dirs = [(ffi.new("char[]", f"/{name}/samples".encode()), view.split, view,
-                 fs._make_stat(tree.attr(Generated(view, 0))))
-                for name, view in tree.splits.items()]
-        table = ffi.new("mmfs_sample_dir[]", len(dirs))
-        for entry, (path, reader, view, file_stat) in zip(table, dirs):
-            entry.path = path
-            entry.split = reader.c
-            entry.name_width = view.width
-            entry.sample_bytes = view.sample_bytes
-            entry.file_stat = ffi.cast("void *", ctypes.addressof(file_stat))
-            entry.dir_stat = ffi.cast("void *", ctypes.addressof(fs._st_dir))
-        check(lib.mmfs_fuse_configure(table, len(dirs), STAT_SIZE, fallback), "mmfs_fuse_configure")
-        self._keep = [python, fallback, dirs, table]
-        for name in NATIVE_HANDLERS:
-            address = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"mmfs_fuse_{name}")))
-            setattr(ops, name, prototypes[name](address))
-        log.info("sample files served in C: %s", ", ".join(f"/{name}/samples" for name in tree.splits) or "none")
+def check_table(table: Any, fusepy_version: str | None = None) -> None:
+    """Refuse (MountError, one line) unless `table` holds the C handlers where
+    libfuse 2 looks for them: the pinned fusepy, its layout, the addresses."""
+    version = fusepy_version or metadata.version("fusepy")
+    fix = f"reinstall it: pip install 'fusepy=={FUSEPY_VERSION}'"
+    if version != FUSEPY_VERSION:
+        raise MountError(f"fusepy {version} is installed, but mmfs's C handlers are built for "
+                         f"fusepy {FUSEPY_VERSION}'s operations table; {fix}")
+    if ctypes.sizeof(type(table)) < max(NATIVE_HANDLERS.values()) + 8:
+        raise MountError(f"fusepy's libfuse declarations do not match this platform; {fix}")
+    for name, offset in NATIVE_HANDLERS.items():
+        declared = getattr(type(table), name).offset
+        address = ctypes.cast(getattr(table, name), ctypes.c_void_p).value
+        if declared != offset or address != native_address(name):
+            raise MountError(f"the FUSE operations table does not hold mmfs's C handler for "
+                             f"{name} (at byte {declared}, expected {offset}); {fix}")
 
 
 def parse_options(text: str) -> dict[str, Any]:
@@ -308,7 +309,7 @@ def parse_options(text: str) -> dict[str, Any]:
 
 
 def take_map_limit(options: dict[str, Any]) -> int:
-    """Pop mmfs's `-o map_limit_mb=N` (MB of files the daemon keeps mapped)."""
+    """Pop mmfs's `-o map_limit_mb=N` (MB of files the daemon keeps in memory)."""
     value = options.pop("map_limit_mb", DEFAULT_MAP_LIMIT_MB)
     try:
         limit = int(value)
@@ -324,17 +325,13 @@ def serve(tree: Tree, mountpoint: str, options: dict[str, Any] | None = None) ->
     (fusermount -u, SIGINT, SIGTERM). Runs in the calling process.
 
     `options` are libfuse mount options on top of DEFAULT_OPTIONS, plus mmfs's
-    own `threads` (use fusepy's multithreaded loop instead of the single
-    thread, which is faster here, see README.md) and `no_low_latency` (do not
-    keep idle CPUs polling while requests flow, see latency.py). `map_limit_mb`
-    acts when the corpus is opened (take_map_limit) and is ignored here."""
+    own `threads` (fusepy's multithreaded loop instead of the single thread,
+    which is faster here, see README.md) and `low_latency` (keep idle CPUs
+    polling while requests flow, see latency.py; off unless asked).
+    `map_limit_mb` acts when the corpus is opened (take_map_limit)."""
     opts = dict(DEFAULT_OPTIONS)
     opts.update(options or {})
-    threads = bool(opts.pop("threads", False))
-    low_latency = not opts.pop("no_low_latency", False)
-    opts.pop("map_limit_mb", None)
-    opts.pop("nothreads", None)
-    opts.pop("foreground", None)
+    own = {key: opts.pop(key) for key in MMFS_OPTIONS if key in opts}
     if opts.get("rw"):
         raise MountError("mmfs mounts are read-only; drop `-o rw`")
     # The source column of `mount`/`df`: "mmfs:<config file name>".
@@ -342,16 +339,11 @@ def serve(tree: Tree, mountpoint: str, options: dict[str, Any] | None = None) ->
     opts.setdefault("fsname", "mmfs:" + "".join(c if c.isalnum() or c in "._-" else "_" for c in name))
     placer = getattr(tree.corpus, "placer", None)
     if placer is not None:
-        placer.prefault()
-    ops = Operations(tree)
+        placer.load()  # in this process: copies of the small index arrays, no maps
+    threads = bool(own.get("threads"))
     log.info("serving %s (%s loop)", mountpoint, "multithreaded" if threads else "single-thread")
-    guard = LatencyGuard(enabled=low_latency)
+    guard = LatencyGuard(enabled=bool(own.get("low_latency")))
     try:
-        MmfsFUSE(ops, mountpoint, guard, foreground=True, nothreads=not threads, **opts)
-    except RuntimeError as exc:
-        raise MountError(
-            f"{mountpoint}: libfuse could not mount or serve it (code {exc}); the line "
-            "libfuse printed above says why"
-        ) from None
+        Daemon(Operations(tree)).serve(mountpoint, ["-f"] + ([] if threads else ["-s"]), opts)
     finally:
         guard.close()

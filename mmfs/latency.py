@@ -6,8 +6,10 @@ has halted, waking it dominates the cost: on a 2-vCPU VM with guest halt polling
 off, cold reads ran about 4x faster with this request held (see README.md).
 Writing 0 to /dev/cpu_dma_latency asks the kernel to keep idle CPUs in a polling
 state; the request lasts while the file stays open, so the daemon holds it only
-while requests arrive and drops it after a second without any. Needs write
-access to /dev/cpu_dma_latency (root); silently off otherwise.
+while requests arrive and drops it after a second without any. It changes the
+whole machine's power management (while a training job reads, every CPU stays
+out of deep idle), so the daemon takes it only when asked: `-o low_latency`.
+Needs write access to /dev/cpu_dma_latency (root); the log says when it cannot.
 
 The C core does the work (native/mmfs_latency.c), because most requests are
 answered in C and never reach Python.
@@ -30,16 +32,19 @@ class LatencyGuard:
     touches keep coming and releases it `idle` seconds after the last.
     One per process (the C side is process-wide)."""
 
-    def __init__(self, enabled: bool = True, idle: float = 1.0, device: str = QOS_DEVICE) -> None:
+    def __init__(self, enabled: bool = False, idle: float = 1.0, device: str = QOS_DEVICE) -> None:
         self.device = device
         self.enabled = enabled and os.access(device, os.W_OK)
         if enabled and not self.enabled:
-            log.info("cannot write %s (not root?): cold reads will be slower, see README.md", device)
+            log.warning("-o low_latency: cannot write %s (not root?); no PM QoS request", device)
         if self.enabled:
             rc = lib.mmfs_latency_start(ffi.new("char[]", os.fsencode(device)), max(1, int(idle * 1000)))
             if rc < 0:
-                log.debug("no PM QoS request (%s): %s", device, os.strerror(-rc))
+                log.warning("-o low_latency: no PM QoS request (%s): %s", device, os.strerror(-rc))
                 self.enabled = False
+            else:
+                log.info("-o low_latency: holding a PM QoS request (%s = 0) while requests flow, "
+                         "dropped after %.1f s without any", device, idle)
 
     def touch(self) -> None:
         """Called on each request handled in Python: cheap unless the request must be taken."""

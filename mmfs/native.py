@@ -1,5 +1,7 @@
 """Access to the compiled C core (`mmfs._native`, built by pip from native/)."""
 
+import os
+
 import numpy as np
 
 from .errors import MmfsError, NativeError
@@ -23,14 +25,49 @@ _MESSAGES = {
     lib.MMFS_E_BIN_RANGE: "a sequence lies outside the token file",
     lib.MMFS_E_INDEX_RANGE: "a sample index entry is out of range",
     lib.MMFS_E_OVERFLOW: "a value does not fit the index dtype",
-    lib.MMFS_E_IO: "reading the token file failed",
+    lib.MMFS_E_IO: "a file ended early or could not be read",
+    lib.MMFS_E_NOMEM: "out of memory",
 }
+
+
+def _file_of(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"file descriptor {fd}"
+
+
+def error_detail(rc: int) -> str:
+    """What the C core's last failure on this thread was, in words: the file,
+    the byte offset and the sequence it names, and what to do."""
+    e = ffi.new("mmfs_error *")
+    lib.mmfs_last_error(e)
+    what = _MESSAGES.get(rc, f"error {rc}")
+    if e.code != rc:
+        return what
+    if rc == lib.MMFS_E_IO and e.fd >= 0:
+        why = os.strerror(e.value) if e.value else "it ends before that byte"
+        return (f"reading {_file_of(e.fd)} at byte {e.byte} failed ({why}); the file changed "
+                "since the mount? re-run `mmfs mount` (the data must not change while mounted)")
+    if rc == lib.MMFS_E_BIN_RANGE:
+        return (f"sequence {e.seq} ({e.value} tokens) points to byte {e.byte}, beyond the end "
+                "of its token file; the .idx does not match the .bin: run `mmfs verify`")
+    if rc == lib.MMFS_E_NEG_LENGTH:
+        return f"sequence {e.seq} has negative length {e.value}; run `mmfs verify` on its dataset"
+    if rc == lib.MMFS_E_DOC_RANGE:
+        return f"{what} (sequence {e.seq}); run `mmfs verify` on its dataset"
+    if rc == lib.MMFS_E_INDEX_RANGE:
+        detail = f" (sequence {e.seq})" if e.seq >= 0 else f" (entry {e.value})"
+        return f"{what}{detail}; the index cache or the .idx is corrupt: delete the cache and remount"
+    return what
 
 
 def check(rc: int, what: str) -> int:
     """Raise NativeError for a negative return code of the C core."""
+    if rc == lib.MMFS_E_NOMEM:
+        raise NativeError(f"{what}: out of memory; free memory or ask for fewer samples")
     if rc < 0:
-        raise NativeError(f"{what}: {_MESSAGES.get(rc, f'error {rc}')}")
+        raise NativeError(f"{what}: {error_detail(rc)}")
     return rc
 
 

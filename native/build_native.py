@@ -9,23 +9,28 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
-HEADERS = ("mmfs_native.h", "mmfs_fuse.h")
+HEADERS = ("mmfs_native.h", "mmfs_views.h", "mmfs_fuse.h")
 HEADER = "\n".join((HERE / name).read_text() for name in HEADERS)
 
+
+
+def cdef_line(line: str) -> str:
+    """A header line as cdef takes it: #defines of a value become integer
+    constants through the `...` form; other preprocessor lines (includes,
+    include guards) are dropped."""
+    words = line.split()
+    if line.startswith("#define") and len(words) > 2:
+        return f"#define {words[1]} ..."
+    return "" if line.startswith("#") else line
+
+
 ffibuilder = FFI()
-# cdef takes the header minus preprocessor lines; the #defines become
-# integer constants through the `...` form.
-ffibuilder.cdef(
-    "\n".join(
-        line if not line.startswith("#define") else f"#define {line.split()[1]} ..."
-        for line in HEADER.splitlines()
-        if not line.startswith("#include")
-    )
-)
+ffibuilder.cdef("\n".join(cdef_line(line) for line in HEADER.splitlines()))
 ffibuilder.set_source(
     "mmfs._native",
     "".join(f'#include "{name}"\n' for name in HEADERS),
-    sources=[str(Path("native") / name) for name in ("mmfs_native.c", "mmfs_fuse.c", "mmfs_latency.c")],
+    sources=[str(Path("native") / name)
+             for name in ("mmfs_native.c", "mmfs_views.c", "mmfs_fuse.c", "mmfs_latency.c")],
     include_dirs=[str(Path("native"))],
     # No FMA contraction: the blending weights must round exactly as Megatron's.
     extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off"],

@@ -1,129 +1,129 @@
-/* mmfs FUSE handlers for sample files. See mmfs_fuse.h. */
+/* mmfs FUSE handlers for the views' files. See mmfs_fuse.h. */
 #include "mmfs_native.h"
+#include "mmfs_views.h"
 #include "mmfs_fuse.h"
 
 #include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
+#include <sys/stat.h>
 
-typedef int (*fill_fn)(void *buf, const char *name, const void *st, int64_t off);
+typedef int (*fill_fn)(void *buf, const char *name, const struct stat *st, int64_t off);
 
-static const mmfs_sample_dir *g_dirs;
-static int32_t g_num_dirs;
-static size_t g_stat_size;
+static const mmfs_view *g_views;
+static int32_t g_num_views;
+static uint32_t g_uid, g_gid;
 static mmfs_fuse_fallback g_fallback;
 
-int mmfs_fuse_configure(const mmfs_sample_dir *dirs, int32_t num_dirs,
+int mmfs_fuse_configure(const mmfs_view *views, int32_t n, uint32_t uid, uint32_t gid,
                         size_t stat_size, const mmfs_fuse_fallback *fallback) {
-    if (num_dirs < 0 || (num_dirs > 0 && !dirs) || !fallback || !fallback->getattr ||
-        !fallback->fgetattr || !fallback->read || !fallback->readdir || !stat_size)
+    /* The binding's struct stat may omit the reserved tail, not the times. */
+    size_t needed = offsetof(struct stat, st_ctim) + sizeof(struct timespec);
+    if (stat_size < needed || stat_size > sizeof(struct stat) || n < 0 || (n > 0 && !views) || !fallback ||
+        !fallback->getattr || !fallback->fgetattr || !fallback->read || !fallback->readdir)
         return MMFS_E_ARG;
-    for (int32_t d = 0; d < num_dirs; ++d)
-        if (!dirs[d].path || !dirs[d].split || !dirs[d].file_stat || !dirs[d].dir_stat ||
-            dirs[d].name_width < 1 || dirs[d].name_width > 18 || dirs[d].sample_bytes < 0)
+    for (int32_t d = 0; d < n; ++d)
+        if (!views[d].path || views[d].name_width < 1 || views[d].name_width > 18 ||
+            views[d].item < 1 || views[d].count < 0 || !views[d].tokens ||
+            (views[d].file_tokens < 0 && !views[d].length))
             return MMFS_E_ARG;
-    g_dirs = dirs;
-    g_num_dirs = num_dirs;
-    g_stat_size = stat_size;
+    g_views = views;
+    g_num_views = n;
+    g_uid = uid;
+    g_gid = gid;
     g_fallback = *fallback;
     return MMFS_OK;
 }
 
-/* What a path is to the C handlers. */
-enum { OTHER, SAMPLE_DIR, SAMPLE, MISSING };
+/* The attributes of a view's directory (size < 0) or of one of its files. */
+static void fill_stat(struct stat *st, const mmfs_view *v, int64_t size) {
+    memset(st, 0, sizeof *st);
+    st->st_mode = size < 0 ? (S_IFDIR | 0555) : (S_IFREG | 0444);
+    st->st_nlink = size < 0 ? 2 : 1;
+    st->st_size = size < 0 ? 0 : size;
+    st->st_blocks = (st->st_size + 511) / 512;
+    st->st_blksize = 4096;
+    st->st_uid = g_uid;
+    st->st_gid = g_gid;
+    struct timespec t = {v->mtime_ns / 1000000000, v->mtime_ns % 1000000000};
+    st->st_mtim = st->st_atim = st->st_ctim = t;
+}
 
-/* Classify path; for SAMPLE_DIR and SAMPLE set *dir, for SAMPLE also *id.
- * A valid name is exactly name_width digits, then ".bin", below the count. */
-static int classify(const char *path, const mmfs_sample_dir **dir, int64_t *id) {
-    for (int32_t d = 0; d < g_num_dirs; ++d) {
-        const mmfs_sample_dir *s = &g_dirs[d];
-        size_t n = strlen(s->path);
-        if (strncmp(path, s->path, n) != 0) continue;
-        *dir = s;
-        if (path[n] == '\0') return SAMPLE_DIR;
-        if (path[n] != '/') continue;
-        const char *name = path + n + 1;
-        int64_t value = 0;
-        for (int32_t i = 0; i < s->name_width; ++i) {
-            if (name[i] < '0' || name[i] > '9') return MISSING;
-            value = value * 10 + (name[i] - '0');
-        }
-        if (strcmp(name + s->name_width, ".bin") != 0 || value >= s->split->num_samples)
-            return MISSING;
-        *id = value;
-        return SAMPLE;
+/* getattr and fgetattr: answer for the views, or hand over. 1 if answered. */
+static int view_stat(const char *path, struct stat *st, int *rc) {
+    int32_t d;
+    int64_t file;
+    switch (mmfs_view_find(g_views, g_num_views, path, &d, &file)) {
+    case MMFS_PATH_DIR:
+        fill_stat(st, &g_views[d], -1);
+        *rc = 0;
+        return 1;
+    case MMFS_PATH_FILE: {
+        int64_t size = mmfs_view_size(&g_views[d], file);
+        if (size < 0) return 0; /* Python logs why, and answers EIO */
+        fill_stat(st, &g_views[d], size);
+        *rc = 0;
+        return 1;
     }
-    return OTHER;
+    case MMFS_PATH_MISSING:
+        *rc = -ENOENT;
+        return 1;
+    default:
+        return 0;
+    }
 }
 
 int mmfs_fuse_getattr(const char *path, void *st) {
-    const mmfs_sample_dir *dir;
-    int64_t id;
-    switch (classify(path, &dir, &id)) {
-    case SAMPLE:
-        mmfs_latency_touch();
-        memcpy(st, dir->file_stat, g_stat_size);
-        return 0;
-    case MISSING:
-        mmfs_latency_touch();
-        return -ENOENT;
-    default:
-        return g_fallback.getattr(path, st);
-    }
+    int rc;
+    mmfs_latency_touch();
+    return view_stat(path, st, &rc) ? rc : g_fallback.getattr(path, st);
 }
 
 int mmfs_fuse_fgetattr(const char *path, void *st, void *fi) {
-    const mmfs_sample_dir *dir;
-    int64_t id;
-    if (classify(path, &dir, &id) == SAMPLE) {
-        mmfs_latency_touch();
-        memcpy(st, dir->file_stat, g_stat_size);
-        return 0;
-    }
-    return g_fallback.fgetattr(path, st, fi);
+    int rc;
+    mmfs_latency_touch();
+    return view_stat(path, st, &rc) ? rc : g_fallback.fgetattr(path, st, fi);
 }
 
 int mmfs_fuse_read(const char *path, char *buf, size_t size, int64_t offset, void *fi) {
-    const mmfs_sample_dir *dir;
-    int64_t id;
-    int kind = classify(path, &dir, &id);
-    if (kind == MISSING) return -ENOENT;
-    if (kind != SAMPLE) return g_fallback.read(path, buf, size, offset, fi);
+    int32_t d;
+    int64_t file;
     mmfs_latency_touch();
-    int64_t total = dir->sample_bytes;
-    if (offset < 0) return -EINVAL;
-    if (offset >= total || size == 0) return 0;
-    int64_t n = total - offset < (int64_t)size ? total - offset : (int64_t)size;
-    if (offset == 0 && n == total) { /* the whole sample: straight into libfuse's buffer */
-        if (mmfs_read_split_sample(dir->split, id, buf) < 0)
-            return g_fallback.read(path, buf, size, offset, fi);
-        return (int)n;
+    switch (mmfs_view_find(g_views, g_num_views, path, &d, &file)) {
+    case MMFS_PATH_FILE: {
+        int64_t n = mmfs_view_read(&g_views[d], file, offset, (int64_t)size, (uint8_t *)buf);
+        return n >= 0 ? (int)n : g_fallback.read(path, buf, size, offset, fi);
     }
-    char *whole = malloc((size_t)total);
-    if (!whole) return -ENOMEM;
-    int64_t rc = mmfs_read_split_sample(dir->split, id, whole);
-    if (rc >= 0) memcpy(buf, whole + offset, (size_t)n);
-    free(whole);
-    return rc < 0 ? g_fallback.read(path, buf, size, offset, fi) : (int)n;
+    case MMFS_PATH_DIR:
+        return -EISDIR;
+    case MMFS_PATH_MISSING:
+        return -ENOENT;
+    default:
+        return g_fallback.read(path, buf, size, offset, fi);
+    }
 }
 
 int mmfs_fuse_readdir(const char *path, void *buf, void *filler, int64_t offset, void *fi) {
-    const mmfs_sample_dir *dir;
-    int64_t id;
-    if (classify(path, &dir, &id) != SAMPLE_DIR)
-        return g_fallback.readdir(path, buf, filler, offset, fi);
+    int32_t d;
+    int64_t file;
     mmfs_latency_touch();
-    /* Entry k (0 = ".", 1 = "..", then the samples) carries offset k + 1, the
-     * place to resume: libfuse asks for the directory a buffer at a time. */
+    int kind = mmfs_view_find(g_views, g_num_views, path, &d, &file);
+    if (kind == MMFS_PATH_FILE) return -ENOTDIR;
+    if (kind == MMFS_PATH_MISSING) return -ENOENT;
+    if (kind != MMFS_PATH_DIR) return g_fallback.readdir(path, buf, filler, offset, fi);
+    /* Entry k (0 = ".", 1 = "..", then the files) carries offset k + 1, the
+     * place to resume: libfuse asks for the directory a buffer at a time. Only
+     * the type of st matters to a listing. */
+    const mmfs_view *v = &g_views[d];
     fill_fn fill = (fill_fn)filler;
+    struct stat dir_st = {.st_mode = S_IFDIR | 0555}, file_st = {.st_mode = S_IFREG | 0444};
     int64_t k = offset < 0 ? 0 : offset;
     for (; k < 2; ++k)
-        if (fill(buf, k == 0 ? "." : "..", dir->dir_stat, k + 1)) return 0;
+        if (fill(buf, k == 0 ? "." : "..", &dir_st, k + 1)) return 0;
     char name[32];
-    for (int64_t i = k - 2; i < dir->split->num_samples; ++i) {
-        snprintf(name, sizeof name, "%0*lld.bin", (int)dir->name_width, (long long)i);
-        if (fill(buf, name, dir->file_stat, i + 3)) break;
+    for (int64_t i = k - 2; i < v->count; ++i) {
+        if (mmfs_view_name(v, i, name, sizeof name) < 0) return -EIO;
+        if (fill(buf, name, &file_st, i + 3)) break;
     }
     return 0;
 }

@@ -5,10 +5,11 @@
 #include "mmfs_fuse.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <string.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -92,6 +93,8 @@ void mmfs_latency_touch(void) {
             __atomic_store_n(&g_held, 1, __ATOMIC_RELEASE);
             pthread_cond_signal(&g_wake);
         } else { /* no permission, or no such device: stay off for good */
+            fprintf(stderr, "mmfs: -o low_latency: cannot take the PM QoS request on %s (%s); "
+                    "going on without it\n", g_device, strerror(errno));
             if (fd >= 0) close(fd);
             __atomic_store_n(&g_enabled, 0, __ATOMIC_RELEASE);
         }

@@ -12,7 +12,6 @@
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 static int itemsize_of(int32_t code) {
     switch (code) {
@@ -107,7 +106,7 @@ int mmfs_build_blending_index(const double *weights, int32_t num_datasets,
         (size > 0 && (!dataset_index || !dataset_sample_index)))
         return MMFS_E_ARG;
     int64_t *counts = calloc((size_t)num_datasets, sizeof(int64_t));
-    if (!counts) return MMFS_E_ARG;
+    if (!counts) return MMFS_E_NOMEM;
     for (int64_t i = 0; i < size; ++i) {
         double at = i > 1 ? (double)i : 1.0;
         int32_t best = 0;
@@ -145,7 +144,7 @@ int mmfs_build_exhaustive_blending_index(const int64_t *sizes,
     char *spent = calloc((size_t)num_datasets, 1);
     if (!counts || !weights || !spent) {
         free(counts); free(weights); free(spent);
-        return MMFS_E_ARG;
+        return MMFS_E_NOMEM;
     }
     for (int32_t d = 0; d < num_datasets; ++d)
         weights[d] = (double)sizes[d] / (double)total;
@@ -169,6 +168,20 @@ int mmfs_build_exhaustive_blending_index(const int64_t *sizes,
     }
     free(counts); free(weights); free(spent);
     return MMFS_OK;
+}
+
+/* ---- errors ----------------------------------------------------------- */
+
+static __thread mmfs_error last_error;
+
+void mmfs_last_error(mmfs_error *out) {
+    if (out) *out = last_error;
+}
+
+/* Record what failed (for the message) and return its code. */
+static int fail(int code, int32_t fd, int64_t byte, int64_t seq, int64_t value) {
+    last_error = (mmfs_error){code, fd, byte, seq, value};
+    return code;
 }
 
 /* ---- arrays: in memory or read with pread ---------------------------- */
@@ -196,12 +209,13 @@ static int64_t load_as_int(const uint8_t *p, int32_t code, int64_t i) {
     }
 }
 
-/* pread exactly n bytes at pos, retrying short reads and EINTR. */
+/* pread exactly n bytes at pos, retrying short reads and EINTR. A file that
+ * ends early (it shrank under the reader) is MMFS_E_IO, never a crash. */
 static int pread_all(int fd, uint8_t *to, int64_t n, int64_t pos) {
     while (n > 0) {
         ssize_t got = pread(fd, to, (size_t)n, (off_t)pos);
         if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) return MMFS_E_IO;
+        if (got <= 0) return fail(MMFS_E_IO, fd, pos, -1, got < 0 ? errno : 0);
         to += got;
         n -= got;
         pos += got;
@@ -213,26 +227,12 @@ static int pread_all(int fd, uint8_t *to, int64_t n, int64_t pos) {
 static int array_bytes(const mmfs_array *a, int64_t first, int64_t n, uint8_t *to) {
     int item = itemsize_of(a->dtype);
     if (!item || first < 0 || n < 0 || first > a->count || n > a->count - first)
-        return MMFS_E_INDEX_RANGE;
+        return fail(MMFS_E_INDEX_RANGE, a->fd, first, -1, a->count);
     if (a->data) {
         memcpy(to, a->data + first * item, (size_t)(n * item));
         return MMFS_OK;
     }
     return pread_all(a->fd, to, n * item, a->offset + first * item);
-}
-
-int mmfs_prefault(const void *p, int64_t n) {
-    if (!p || n < 0) return MMFS_E_ARG;
-    long page = sysconf(_SC_PAGESIZE);
-    uintptr_t start = (uintptr_t)p & ~(uintptr_t)(page - 1);
-    size_t length = (size_t)((uintptr_t)p + (uintptr_t)n - start);
-#ifdef MADV_POPULATE_READ
-    if (madvise((void *)start, length, MADV_POPULATE_READ) == 0) return MMFS_OK;
-#endif
-    /* Older kernels: touch one byte per page. */
-    volatile const uint8_t *bytes = (volatile const uint8_t *)start;
-    for (size_t off = 0; off < length; off += (size_t)page) (void)bytes[off];
-    return MMFS_OK;
 }
 
 #define MAX_RUN 64 /* elements fetched at once by array_ints */
@@ -251,57 +251,7 @@ static int array_int(const mmfs_array *a, int64_t i, int64_t *out) {
     return array_ints(a, i, 1, out);
 }
 
-/* ---- sample reader ---------------------------------------------------- */
-
-/* Calls piece(seq, offset, length) for each piece of unshuffled sample k,
- * after checking it against the sequence table and the token file. */
-typedef int (*piece_fn)(void *ctx, int64_t seq, int64_t byte, int64_t offset,
-                        int64_t length);
-
-static int walk_sample(const mmfs_gpt *g, int64_t k, piece_fn piece, void *ctx) {
-    if (!g || !g->source) return MMFS_E_ARG;
-    const mmfs_source *src = g->source;
-    int item = itemsize_of(src->dtype);
-    int64_t num_samples = g->sample_index.count / 2 - 1;
-    if (!item || k < 0 || k >= num_samples) return MMFS_E_ARG;
-    int64_t rows[4]; /* (position, offset) of sample k and of sample k + 1 */
-    int rc = array_ints(&g->sample_index, 2 * k, 4, rows);
-    if (rc < 0) return rc;
-    int64_t beg = rows[0], beg_off = rows[1], end = rows[2], end_off = rows[3];
-    if (beg < 0 || end < beg || end >= g->doc_index.count || beg_off < 0 ||
-        end_off < 0)
-        return MMFS_E_INDEX_RANGE;
-    int64_t seqs[MAX_RUN];
-    for (int64_t pos = beg; pos <= end; ++pos) {
-        int64_t run = (pos - beg) % MAX_RUN;
-        if (run == 0) { /* the next run of sequence ids */
-            int64_t n = end - pos + 1 < MAX_RUN ? end - pos + 1 : MAX_RUN;
-            if ((rc = array_ints(&g->doc_index, pos, n, seqs)) < 0) return rc;
-        }
-        int64_t seq = seqs[run], seq_len, byte;
-        if (seq < 0 || seq >= src->lengths.count || seq >= src->pointers.count)
-            return MMFS_E_DOC_RANGE;
-        if ((rc = array_int(&src->lengths, seq, &seq_len)) < 0) return rc;
-        if ((rc = array_int(&src->pointers, seq, &byte)) < 0) return rc;
-        int64_t offset = pos == beg ? beg_off : 0;
-        int64_t length = pos == end ? end_off + g->extra - offset : seq_len - offset;
-        if (seq_len < 0 || length < 0 || offset + length > seq_len)
-            return MMFS_E_INDEX_RANGE;
-        if (byte < 0 || byte > src->bytes.count ||
-            (src->bytes.count - byte) / item < offset + length)
-            return MMFS_E_BIN_RANGE;
-        if ((rc = piece(ctx, seq, byte + offset * item, offset, length)) < 0) return rc;
-    }
-    return MMFS_OK;
-}
-
-typedef struct {
-    const mmfs_source *src;
-    uint8_t *out;
-    int32_t out_dtype;
-    int64_t written;
-    int64_t capacity;
-} read_ctx;
+/* ---- dtype conversion --------------------------------------------------- */
 
 #define STORE(T, p, i, v) do { T v_ = (T)(v); memcpy((p) + (size_t)(i) * sizeof(T), &v_, sizeof(T)); } while (0)
 
@@ -339,45 +289,137 @@ static void convert(const uint8_t *from, int32_t from_code, int64_t n,
     }
 }
 
+/* Tokens [first, first + n) of sequence seq of src (validated by the caller)
+ * starting at byte `byte` of the token file, converted to out_dtype. */
+static int copy_tokens(const mmfs_source *src, int64_t byte, int64_t n, uint8_t *to,
+                       int32_t out_dtype) {
+    int item = itemsize_of(src->dtype), out_item = itemsize_of(out_dtype);
+    if (src->bytes.data) {
+        convert(src->bytes.data + byte, src->dtype, n, to, out_dtype);
+        return MMFS_OK;
+    }
+    if (src->dtype == out_dtype) return array_bytes(&src->bytes, byte, n * item, to);
+    uint8_t chunk[1 << 14]; /* widen through a bounce buffer, a chunk at a time */
+    int64_t per = (int64_t)sizeof chunk / item;
+    for (int64_t done = 0; done < n;) {
+        int64_t m = n - done < per ? n - done : per;
+        int rc = array_bytes(&src->bytes, byte + done * item, m * item, chunk);
+        if (rc < 0) return rc;
+        convert(chunk, src->dtype, m, to + done * out_item, out_dtype);
+        done += m;
+    }
+    return MMFS_OK;
+}
+
+/* The length of sequence seq of src. */
+static int sequence_length(const mmfs_source *src, int64_t seq, int64_t *length) {
+    int rc;
+    if (!itemsize_of(src->dtype) || src->bytes.dtype != 1) return MMFS_E_ARG;
+    if (seq < 0 || seq >= src->lengths.count || seq >= src->pointers.count)
+        return fail(MMFS_E_DOC_RANGE, -1, -1, seq, seq);
+    if ((rc = array_int(&src->lengths, seq, length)) < 0) return rc;
+    if (*length < 0) return fail(MMFS_E_NEG_LENGTH, -1, -1, seq, *length);
+    return MMFS_OK;
+}
+
+/* The first byte of sequence seq (of `length` tokens), checked against the
+ * token file. */
+static int sequence_byte(const mmfs_source *src, int64_t seq, int64_t length, int64_t *byte) {
+    int item = itemsize_of(src->dtype);
+    int rc = array_int(&src->pointers, seq, byte);
+    if (rc < 0) return rc;
+    if (*byte < 0 || *byte > src->bytes.count || (src->bytes.count - *byte) / item < length)
+        return fail(MMFS_E_BIN_RANGE, -1, *byte, seq, length);
+    return MMFS_OK;
+}
+
+/* ---- sample reader ---------------------------------------------------- */
+
+/* Calls piece(ctx, seq, byte, offset, length, at) for each piece of
+ * unshuffled sample k that overlaps tokens [t0, t1) of the sample: tokens
+ * [offset, offset + length) of sequence seq, the first of them at `byte` of
+ * the token file, land at token `at` of the sample. Only those pieces have
+ * their pointers read and checked, so a READ of part of a long sample costs
+ * about what its own pieces cost. */
+typedef int (*piece_fn)(void *ctx, int64_t seq, int64_t byte, int64_t offset,
+                        int64_t length, int64_t at);
+
+static int walk_sample(const mmfs_gpt *g, int64_t k, int64_t t0, int64_t t1,
+                       piece_fn piece, void *ctx) {
+    if (!g || !g->source) return MMFS_E_ARG;
+    const mmfs_source *src = g->source;
+    int64_t num_samples = g->sample_index.count / 2 - 1;
+    if (k < 0 || k >= num_samples) return MMFS_E_ARG;
+    int64_t rows[4]; /* (position, offset) of sample k and of sample k + 1 */
+    int rc = array_ints(&g->sample_index, 2 * k, 4, rows);
+    if (rc < 0) return rc;
+    int64_t beg = rows[0], beg_off = rows[1], end = rows[2], end_off = rows[3];
+    if (beg < 0 || end < beg || end >= g->doc_index.count || beg_off < 0 || end_off < 0)
+        return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, k);
+    int64_t seqs[MAX_RUN], at = 0;
+    for (int64_t pos = beg; pos <= end && at < t1; ++pos) {
+        int64_t run = (pos - beg) % MAX_RUN;
+        if (run == 0) { /* the next run of sequence ids */
+            int64_t n = end - pos + 1 < MAX_RUN ? end - pos + 1 : MAX_RUN;
+            if ((rc = array_ints(&g->doc_index, pos, n, seqs)) < 0) return rc;
+        }
+        int64_t seq = seqs[run], seq_len, byte;
+        if ((rc = sequence_length(src, seq, &seq_len)) < 0) return rc;
+        int64_t offset = pos == beg ? beg_off : 0;
+        int64_t length = pos == end ? end_off + g->extra - offset : seq_len - offset;
+        if (length < 0 || offset + length > seq_len)
+            return fail(MMFS_E_INDEX_RANGE, -1, -1, seq, offset + length);
+        if (at + length > t0) {
+            if ((rc = sequence_byte(src, seq, offset + length, &byte)) < 0) return rc;
+            byte += offset * itemsize_of(src->dtype);
+            if ((rc = piece(ctx, seq, byte, offset, length, at)) < 0) return rc;
+        }
+        at += length;
+    }
+    return MMFS_OK;
+}
+
+typedef struct {
+    const mmfs_source *src;
+    uint8_t *out;        /* receives tokens [t0, t1) of the sample */
+    int32_t out_dtype;
+    int64_t t0, t1;
+    int64_t real;        /* tokens of the sample that are data (not padding) so far */
+} read_ctx;
+
 static int copy_piece(void *vctx, int64_t seq, int64_t byte, int64_t offset,
-                      int64_t length) {
+                      int64_t length, int64_t at) {
     (void)seq; (void)offset;
     read_ctx *ctx = vctx;
-    if (length > ctx->capacity - ctx->written) return MMFS_E_INDEX_RANGE;
-    const mmfs_source *src = ctx->src;
-    int item = itemsize_of(src->dtype), out_item = itemsize_of(ctx->out_dtype);
-    uint8_t *to = ctx->out + ctx->written * out_item;
-    if (src->bytes.data) {
-        convert(src->bytes.data + byte, src->dtype, length, to, ctx->out_dtype);
-    } else if (src->dtype == ctx->out_dtype) {
-        int rc = array_bytes(&src->bytes, byte, length * item, to);
-        if (rc < 0) return rc;
-    } else { /* widen through a bounce buffer, a chunk at a time */
-        uint8_t chunk[1 << 14];
-        int64_t per = (int64_t)sizeof chunk / item, done = 0;
-        while (done < length) {
-            int64_t n = length - done < per ? length - done : per;
-            int rc = array_bytes(&src->bytes, byte + done * item, n * item, chunk);
-            if (rc < 0) return rc;
-            convert(chunk, src->dtype, n, to + done * out_item, ctx->out_dtype);
-            done += n;
-        }
-    }
-    ctx->written += length;
-    return MMFS_OK;
+    int item = itemsize_of(ctx->src->dtype), out_item = itemsize_of(ctx->out_dtype);
+    int64_t lo = at > ctx->t0 ? at : ctx->t0;
+    int64_t hi = at + length < ctx->t1 ? at + length : ctx->t1;
+    ctx->real = at + length;
+    if (hi <= lo) return MMFS_OK;
+    return copy_tokens(ctx->src, byte + (lo - at) * item, hi - lo,
+                       ctx->out + (lo - ctx->t0) * out_item, ctx->out_dtype);
+}
+
+/* Tokens [t0, t1) of unshuffled sample k of g (sample_tokens long, padded
+ * with pad) as out_dtype; returns the real tokens of the whole sample seen. */
+static int64_t sample_window(const mmfs_gpt *g, int64_t k, int64_t sample_tokens,
+                             int64_t pad, int32_t out_dtype, int64_t t0, int64_t t1,
+                             uint8_t *out) {
+    if (!g || !g->source || !out || t0 < 0 || t1 < t0 || t1 > sample_tokens ||
+        !itemsize_of(out_dtype))
+        return MMFS_E_ARG;
+    read_ctx ctx = {g->source, out, out_dtype, t0, t1, 0};
+    int rc = walk_sample(g, k, t0, t1, copy_piece, &ctx);
+    if (rc < 0) return rc;
+    if (ctx.real > sample_tokens) return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, ctx.real);
+    for (int64_t i = ctx.real > t0 ? ctx.real : t0; i < t1; ++i)
+        store_value(out, out_dtype, i - t0, pad, (double)pad, 0);
+    return ctx.real;
 }
 
 int64_t mmfs_read_sample(const mmfs_gpt *g, int64_t k, int64_t sample_tokens,
                          int64_t pad, int32_t out_dtype, void *out) {
-    if (!g || !g->source || !out || sample_tokens < 0 || !itemsize_of(out_dtype) ||
-        g->source->bytes.dtype != 1)
-        return MMFS_E_ARG;
-    read_ctx ctx = {g->source, out, out_dtype, 0, sample_tokens};
-    int rc = walk_sample(g, k, copy_piece, &ctx);
-    if (rc < 0) return rc;
-    for (int64_t i = ctx.written; i < sample_tokens; ++i)
-        store_value(ctx.out, out_dtype, i, pad, (double)pad, 0);
-    return ctx.written;
+    return sample_window(g, k, sample_tokens, pad, out_dtype, 0, sample_tokens, out);
 }
 
 int mmfs_locate(const mmfs_split *s, int64_t i, int32_t *gpt, int64_t *k) {
@@ -388,23 +430,41 @@ int mmfs_locate(const mmfs_split *s, int64_t i, int32_t *gpt, int64_t *k) {
     if (s->dataset_index.count > 0) {
         if ((rc = array_int(&s->dataset_index, i, &d)) < 0) return rc;
         if ((rc = array_int(&s->dataset_sample_index, i, &j)) < 0) return rc;
-        if (d < 0 || d >= s->num_gpts) return MMFS_E_INDEX_RANGE;
+        if (d < 0 || d >= s->num_gpts) return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, d);
     }
     const mmfs_gpt *g = &s->gpts[d];
     if ((rc = array_int(&g->shuffle_index, j, &shuffled)) < 0) return rc;
     if (shuffled < 0 || shuffled >= g->sample_index.count / 2 - 1)
-        return MMFS_E_INDEX_RANGE;
+        return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, shuffled);
     *gpt = (int32_t)d;
     *k = shuffled;
     return MMFS_OK;
 }
 
-int64_t mmfs_read_split_sample(const mmfs_split *s, int64_t i, void *out) {
+static int64_t split_window(const mmfs_split *s, int64_t i, int64_t t0, int64_t t1,
+                            uint8_t *out) {
     int32_t d;
     int64_t k;
     int rc = mmfs_locate(s, i, &d, &k);
     if (rc < 0) return rc;
-    return mmfs_read_sample(&s->gpts[d], k, s->sample_tokens, s->pad, s->out_dtype, out);
+    return sample_window(&s->gpts[d], k, s->sample_tokens, s->pad, s->out_dtype, t0, t1, out);
+}
+
+int64_t mmfs_read_split_sample(const mmfs_split *s, int64_t i, void *out) {
+    if (!s) return MMFS_E_ARG;
+    return split_window(s, i, 0, s->sample_tokens, out);
+}
+
+int64_t mmfs_split_length(const void *split, int64_t file) {
+    const mmfs_split *s = split;
+    if (!s || file < 0 || file >= s->num_samples) return MMFS_E_ARG;
+    return s->sample_tokens;
+}
+
+int mmfs_split_tokens(const void *split, int64_t file, int64_t first, int64_t count,
+                      uint8_t *out) {
+    int64_t rc = split_window(split, file, first, first + count, out);
+    return rc < 0 ? (int)rc : MMFS_OK;
 }
 
 typedef struct {
@@ -414,8 +474,8 @@ typedef struct {
 } pieces_ctx;
 
 static int record_piece(void *vctx, int64_t seq, int64_t byte, int64_t offset,
-                        int64_t length) {
-    (void)byte;
+                        int64_t length, int64_t at) {
+    (void)byte; (void)at;
     pieces_ctx *ctx = vctx;
     if (ctx->count < ctx->max_pieces) {
         ctx->pieces[3 * ctx->count] = seq;
@@ -430,7 +490,81 @@ int64_t mmfs_sample_pieces(const mmfs_gpt *g, int64_t k, int64_t *pieces,
                            int64_t max_pieces) {
     if (max_pieces < 0 || (max_pieces > 0 && !pieces)) return MMFS_E_ARG;
     pieces_ctx ctx = {pieces, max_pieces, 0};
-    int rc = walk_sample(g, k, record_piece, &ctx);
+    int rc = walk_sample(g, k, 0, INT64_MAX, record_piece, &ctx);
     if (rc < 0) return rc;
     return ctx.count;
+}
+
+/* ---- sequences and documents ----------------------------------------- */
+
+int64_t mmfs_sequence_length(const void *source, int64_t file) {
+    int64_t length;
+    int rc = source ? sequence_length(source, file, &length) : MMFS_E_ARG;
+    return rc < 0 ? rc : length;
+}
+
+int mmfs_sequence_tokens(const void *source, int64_t file, int64_t first, int64_t count,
+                         uint8_t *out) {
+    const mmfs_source *src = source;
+    int64_t length, byte;
+    int rc = src ? sequence_length(src, file, &length) : MMFS_E_ARG;
+    if (rc < 0 || (rc = sequence_byte(src, file, length, &byte)) < 0) return rc;
+    if (first < 0 || count < 0 || first > length || count > length - first)
+        return MMFS_E_ARG;
+    return copy_tokens(src, byte + first * itemsize_of(src->dtype), count, out, src->dtype);
+}
+
+/* Sequences [*beg, *end) of document d. */
+static int document_bounds(const mmfs_documents *docs, int64_t d, int64_t *beg, int64_t *end) {
+    if (!docs || !docs->source || d < 0) return MMFS_E_ARG;
+    if (docs->bounds.count == 0) {
+        if (d >= docs->source->lengths.count) return MMFS_E_ARG;
+        *beg = d;
+        *end = d + 1;
+        return MMFS_OK;
+    }
+    if (d >= docs->bounds.count - 1) return MMFS_E_ARG;
+    int64_t two[2];
+    int rc = array_ints(&docs->bounds, d, 2, two);
+    if (rc < 0) return rc;
+    if (two[0] < 0 || two[1] < two[0] || two[1] > docs->source->lengths.count)
+        return fail(MMFS_E_DOC_RANGE, -1, -1, two[0], two[1]);
+    *beg = two[0];
+    *end = two[1];
+    return MMFS_OK;
+}
+
+int64_t mmfs_document_length(const void *documents, int64_t file) {
+    int64_t beg, end, total = 0, length;
+    int rc = document_bounds(documents, file, &beg, &end);
+    if (rc < 0) return rc;
+    const mmfs_source *src = ((const mmfs_documents *)documents)->source;
+    for (int64_t seq = beg; seq < end; ++seq) {
+        if ((rc = sequence_length(src, seq, &length)) < 0) return rc;
+        total += length;
+    }
+    return total;
+}
+
+int mmfs_document_tokens(const void *documents, int64_t file, int64_t first, int64_t count,
+                         uint8_t *out) {
+    int64_t beg, end, length, byte, at = 0;
+    int rc = document_bounds(documents, file, &beg, &end);
+    if (rc < 0) return rc;
+    if (first < 0 || count < 0) return MMFS_E_ARG;
+    const mmfs_source *src = ((const mmfs_documents *)documents)->source;
+    int item = itemsize_of(src->dtype);
+    for (int64_t seq = beg; seq < end && at < first + count; ++seq) {
+        if ((rc = sequence_length(src, seq, &length)) < 0) return rc;
+        int64_t lo = at > first ? at : first;
+        int64_t hi = at + length < first + count ? at + length : first + count;
+        if (hi > lo) {
+            if ((rc = sequence_byte(src, seq, length, &byte)) < 0) return rc;
+            rc = copy_tokens(src, byte + (lo - at) * item, hi - lo, out + (lo - first) * item,
+                             src->dtype);
+            if (rc < 0) return rc;
+        }
+        at += length;
+    }
+    return at >= first + count ? MMFS_OK : MMFS_E_ARG;
 }

@@ -4,6 +4,8 @@
  * and a negative MMFS_E* code on failure; none aborts, none reads or writes
  * outside the buffers it is given. Token counts are int64 throughout.
  */
+#ifndef MMFS_NATIVE_H
+#define MMFS_NATIVE_H
 #include <stdint.h>
 
 #define MMFS_OK 0
@@ -14,7 +16,21 @@
 #define MMFS_E_BIN_RANGE -6    /* a sequence lies outside the token file */
 #define MMFS_E_INDEX_RANGE -7  /* a sample/document index entry is out of range */
 #define MMFS_E_OVERFLOW -8     /* a value does not fit the index dtype */
-#define MMFS_E_IO -9           /* reading a file failed */
+#define MMFS_E_IO -9           /* reading a file failed (short: it shrank) */
+#define MMFS_E_NOMEM -10       /* an allocation failed */
+
+/* What the last failed read of this thread was doing, for a message that
+ * names the file, the sequence and the byte offset (fd -1 / seq -1: none). */
+typedef struct {
+    int32_t code;        /* the MMFS_E_* code */
+    int32_t fd;          /* the file a pread failed on */
+    int64_t byte;        /* its byte offset, or the bad pointer */
+    int64_t seq;         /* the sequence concerned */
+    int64_t value;       /* the bad length or entry */
+} mmfs_error;
+
+/* Copy this thread's last error into out. */
+void mmfs_last_error(mmfs_error *out);
 
 /* Number of samples Megatron's build_sample_idx produces (float32 ceil when
  * the last partial sample is kept, as its C++ does). Negative on bad input. */
@@ -51,10 +67,6 @@ typedef struct {
     int64_t count;        /* number of elements */
     int32_t dtype;        /* MMIDIDX code of the elements (1..9; 9 = uint32) */
 } mmfs_array;
-
-/* Map the pages of [p, p + n) into the process now (they are in the page
- * cache), so that reads never stop for a page fault. 0, or MMFS_E_ARG. */
-int mmfs_prefault(const void *p, int64_t n);
 
 /* One token file with its sequence table. */
 typedef struct {
@@ -95,10 +107,34 @@ int64_t mmfs_read_sample(const mmfs_gpt *g, int64_t k, int64_t sample_tokens,
 /* Training-order sample i of s -> (GPTDataset number, unshuffled sample). */
 int mmfs_locate(const mmfs_split *s, int64_t i, int32_t *gpt, int64_t *k);
 
-/* Write training-order sample i of s (sample_tokens tokens) into out. */
+/* Write training-order sample i of s (sample_tokens tokens) into out; returns
+ * the number of real (unpadded) tokens, or a negative error. */
 int64_t mmfs_read_split_sample(const mmfs_split *s, int64_t i, void *out);
 
 /* The (sequence, offset, length) pieces of unshuffled sample k: writes at
  * most max_pieces triples into pieces and returns how many there are. */
 int64_t mmfs_sample_pieces(const mmfs_gpt *g, int64_t k, int64_t *pieces,
                            int64_t max_pieces);
+
+/* A dataset's documents: document d is sequences [bounds[d], bounds[d + 1]);
+ * bounds.count == 0 means every sequence is a document of its own. */
+typedef struct {
+    const mmfs_source *source;
+    mmfs_array bounds;
+} mmfs_documents;
+
+/* Token readers of the mount's views (see mmfs_views.h): the number of tokens
+ * in file `file` of ctx, and tokens [first, first + count) of it, written
+ * into out in the view's dtype. A sample is padded with the split's pad;
+ * sequences and documents are in their dataset's own dtype. */
+int64_t mmfs_split_length(const void *split, int64_t file);
+int mmfs_split_tokens(const void *split, int64_t file, int64_t first, int64_t count,
+                      uint8_t *out);
+int64_t mmfs_sequence_length(const void *source, int64_t file);
+int mmfs_sequence_tokens(const void *source, int64_t file, int64_t first, int64_t count,
+                         uint8_t *out);
+int64_t mmfs_document_length(const void *documents, int64_t file);
+int mmfs_document_tokens(const void *documents, int64_t file, int64_t first, int64_t count,
+                         uint8_t *out);
+
+#endif

@@ -20,7 +20,7 @@ def _open_fds_to(path) -> int:
 def test_guard_holds_while_touched_and_releases_when_idle(tmp_path):
     device = tmp_path / "qos"
     device.write_bytes(b"")
-    guard = LatencyGuard(device=str(device), idle=0.2)
+    guard = LatencyGuard(enabled=True, device=str(device), idle=0.2)
     try:
         assert guard.enabled and not guard.held
         guard.touch()
@@ -42,7 +42,7 @@ def test_guard_holds_while_touched_and_releases_when_idle(tmp_path):
 
 
 def test_guard_is_off_without_access(tmp_path):
-    guard = LatencyGuard(device=str(tmp_path / "missing"))
+    guard = LatencyGuard(enabled=True, device=str(tmp_path / "missing"))
     assert not guard.enabled
     guard.touch()
     assert not guard.held

@@ -111,6 +111,7 @@ def test_samples_cut_the_document_stream(lengths, S, e, num_samples, seed):
         sequence_lengths = sizes
         sequence_pointers = np.concatenate([[0], np.cumsum(sizes[:-1]) * 2]).astype(np.int64)
         num_sequences = len(sizes)
+        document_indices = np.arange(len(sizes) + 1, dtype=np.int64)
         dtype = np.dtype(np.uint16)
 
     class Gpt:

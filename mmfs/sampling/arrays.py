@@ -3,10 +3,13 @@
 Index and token files are memory-mapped. Every page a read touches through a
 map stays in the process's page tables and counts in its resident memory, so a
 long-running reader of random samples (the mount daemon) would grow to the size
-of everything it ever touched: gigabytes for a config of 100M samples. With a
-map limit, `ArrayPlacer` keeps the smallest file-backed arrays mapped, up to
-that many bytes in total, and has the C core read the rest with pread(2) from
-the file: the same bytes, served from the page cache, never mapped.
+of everything it ever touched: gigabytes for a config of 100M samples. A map
+also kills its reader with SIGBUS when the file shrinks under it. So for the
+daemon, `ArrayPlacer` copies the smallest file-backed arrays into its own
+memory, up to a limit in total, and has the C core read the rest with pread(2)
+from the file: the same bytes, served from the page cache, never mapped; a
+file that shrinks then gives a short read, which the C core reports as an
+error naming the file, never a crash.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import FormatError
 from ..formats.dtypes import native_code
-from ..native import ffi, lib
+from ..native import ffi
 
 
 def file_region(array: np.ndarray) -> tuple[str, int] | None:
@@ -53,17 +57,18 @@ def native_array(array: np.ndarray) -> np.ndarray:
 class ArrayPlacer:
     """Fills `mmfs_array` structs and decides where each array is read from.
 
-    `place(c, array)` points c at the array in memory at once; `finish()` then
-    switches the largest file-backed arrays to pread until the mapped ones fit
-    in `map_limit` bytes (None: everything stays mapped); `prefault()` maps
-    those in full."""
+    `place(c, array)` points c at the array (its map) at once; `finish()` then
+    switches the largest file-backed arrays to pread until the others fit in
+    `map_limit` bytes (None: everything stays mapped); `load()` replaces
+    those others' maps by copies in memory."""
 
     def __init__(self, map_limit: int | None = None) -> None:
         self.map_limit = map_limit
         self._placed: list[tuple[Any, np.ndarray, tuple[str, int] | None]] = []
         self._fds: dict[str, int] = {}
-        self._prefault: list[np.ndarray] = []  # mapped within the limit
-        self.mapped_bytes = 0  # file-backed, mapped
+        self._within: list[tuple[tuple[str, int], np.ndarray]] = []  # kept within the limit
+        self._copies: list[np.ndarray] = []  # what load() made
+        self.mapped_bytes = 0  # file-backed, mapped (or copied by load())
         self.pread_bytes = 0   # file-backed, read with pread
         self.memory_bytes = 0  # not file-backed: held in the process's memory
 
@@ -95,7 +100,7 @@ class ArrayPlacer:
                 self.mapped_bytes += nbytes
                 continue
             if self.mapped_bytes + nbytes <= self.map_limit:
-                self._prefault.append(array)
+                self._within.append((region, array))
                 self.mapped_bytes += nbytes
                 continue
             path, offset = region
@@ -107,12 +112,23 @@ class ArrayPlacer:
                 if r2 == region:
                     c2.data, c2.fd, c2.offset = ffi.NULL, fd, offset
 
-    def prefault(self) -> None:
-        """Map the arrays kept mapped under the limit in full now, so that reads
-        never stop for a page fault. Call it in the process that reads: a fork
-        does not inherit the page tables of shared file maps."""
-        for array in self._prefault:
-            lib.mmfs_prefault(ffi.cast("const void *", array.ctypes.data), array.nbytes)
+    def load(self) -> None:
+        """Replace the maps of the arrays kept within the limit by copies read
+        from their files, in this process's memory. Call it in the process that
+        serves reads (the daemon, after the fork): a copy never faults, however
+        its file changes later."""
+        for region, array in self._within:
+            path, offset = region
+            copy = np.fromfile(path, dtype=array.dtype, count=array.size, offset=offset)
+            if copy.size != array.size:
+                raise FormatError(f"{path}: shorter than when it was opened (it changed); "
+                                  "run the command again")
+            address = ffi.cast("const uint8_t *", copy.ctypes.data)
+            for c, _, r in self._placed:
+                if r == region:
+                    c.data = address
+            self._copies.append(copy)
+        self._within = []
 
     def files(self) -> list[str]:
         """Every file an array placed here comes from."""

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 
 from ..errors import ConfigError
+from ..manifest import manifest
 from .corpus import open_corpus
 
 
 def build_command(args) -> int:
     """Build (or load) every index of a config and print what it holds."""
     corpus = open_corpus(args.config, progress=not args.quiet)
-    summary = corpus.describe()
+    summary = manifest(corpus)
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
 from ..config import SPLITS, Config, load_config
 from ..errors import MmfsError
 from ..formats import open_dataset
@@ -43,66 +42,15 @@ class Corpus:
         # One dtype for every sample file: the widest of the datasets'.
         self.dtype = np.dtype(np.result_type(*[d.dataset.dtype for d in datasets])).newbyteorder("<")
         self.placer = ArrayPlacer(None if map_limit_mb is None else map_limit_mb << 20)
-        sources = {file: TokenSource(ds, self.placer) for file, ds in by_file.items()}
+        self.sources = {file: TokenSource(ds, self.placer) for file, ds in by_file.items()}
         self.splits = {
-            name: SplitReader(splits[name], sources, self.dtype, self.sample_tokens, self.pad,
+            name: SplitReader(splits[name], self.sources, self.dtype, self.sample_tokens, self.pad,
                               self.placer)
             for name in SPLITS
             if name in splits and len(splits[name]) > 0
         }
         self.placer.finish()
         self.indices = splits
-
-    def describe(self) -> dict[str, Any]:
-        """What a loader needs to read the sample files (the core of mmfs.json)."""
-        return {
-            "mmfs_version": __version__,
-            "dtype": self.dtype.name,
-            "byte_order": "little",
-            "sequence_length": self.sequence_length,
-            "add_extra_token_to_sequence": self.config.add_extra_token,
-            "tokens_per_sample": self.sample_tokens,
-            "bytes_per_sample": self.sample_tokens * self.dtype.itemsize,
-            "eod_id": self.eod,
-            "pad_id": self.pad,
-            "pad_value_in_dtype": int(np.array(self.pad).astype(self.dtype)),
-            "samples": {name: len(s) for name, s in self.splits.items()},
-            "splits": {name: self._describe_split(s) for name, s in self.indices.items()},
-            "datasets": [
-                {
-                    "name": d.name,
-                    "path": d.path,
-                    "format": d.dataset.format_name,
-                    "dtype": d.dataset.dtype.name,
-                    "sequences": int(d.dataset.num_sequences),
-                    "documents": int(d.dataset.num_documents),
-                }
-                for d in self.datasets
-            ],
-            "config": self.config_dict,
-        }
-
-    @staticmethod
-    def _describe_split(s: SplitIndices) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "top_level": "BlendedDataset" if s.blend else "GPTDataset",
-            "samples": len(s),
-            "gpt_datasets": [
-                {
-                    "dataset": g.spec.name,
-                    "sequences": [g.params.beg, g.params.end],
-                    "num_samples_requested": g.params.num_samples,
-                    "samples": len(g),
-                    "epochs": g.document_index.shape[0] // (g.params.end - g.params.beg),
-                    "cache": g.cache.path("*"),
-                }
-                for g in s.gpts
-            ],
-        }
-        if s.blend:
-            out["blend"] = {"weights": s.blend.weights, "size": s.blend.size,
-                            "cache": s.blend.cache.path("*")}
-        return out
 
 
 def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | None = None) -> Corpus:

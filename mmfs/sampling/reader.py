@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import NativeError
 from ..formats.dtypes import native_code
+from ..formats.packed import PackedDataset
 from ..native import check, ffi, lib
 from .arrays import ArrayPlacer
 from .builder import GptIndices, SplitIndices
@@ -29,6 +30,12 @@ class TokenSource:
             placer.place(c.pointers, dataset.sequence_pointers),
         )
         self.c = c
+        # Its documents: sequence ranges, or (a .pbin) one sequence each.
+        docs = ffi.new("mmfs_documents *")
+        docs.source = c
+        if not isinstance(dataset, PackedDataset):
+            self._bounds = placer.place(docs.bounds, dataset.document_indices)
+        self.documents_c = docs
 
 
 class GptReader:
