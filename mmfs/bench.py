@@ -19,6 +19,7 @@ size, os.close), as a data loader does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -27,18 +28,13 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# Math libraries' worker threads spin after each call; on a small machine they
-# would take the CPU the daemon needs. Every reader here is single-threaded.
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from .errors import MmfsError  # noqa: E402
+from .errors import MmfsError
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +58,17 @@ class Row:
 # -- readers -----------------------------------------------------------------
 
 
-def _read_files(paths: Sequence[str], size: int) -> int:
+def single_threaded_libraries() -> None:
+    """Math libraries' worker threads spin after each call; on a small machine
+    they would take the CPU the daemon needs. Every reader here is
+    single-threaded: set before torch (megatron-core) is imported, and
+    inherited by the reader processes."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+
+
+def read_files(paths: Sequence[str], size: int) -> int:
+    """Open, read `size` bytes of and close each file, as a data loader does."""
     total = 0
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
@@ -86,7 +92,7 @@ def _worker(fn: Callable[[Any], int], chunk: Any, start: Any, conn: Any) -> None
     conn.close()
 
 
-def _run_parallel(fn: Callable[[Any], int], chunks: list[Any]) -> float:
+def run_parallel(fn: Callable[[Any], int], chunks: list[Any]) -> float:
     """Run fn(chunk) in one forked process per chunk (one reader too: a fresh
     process, like every other reader), all started together; return the wall
     time from the start signal until the last one finished."""
@@ -180,7 +186,7 @@ def _interleaved(methods: list[Method], order: str, readers: int, ids: np.ndarra
         seconds = dict.fromkeys((m.name for m in methods), 0.0)
         for part in np.array_split(ids, min(SLICES, len(ids))):
             for m in methods:
-                seconds[m.name] += _run_parallel(m.fn, [m.make_chunk(p) for p in _split(part, readers)])
+                seconds[m.name] += run_parallel(m.fn, [m.make_chunk(p) for p in _split(part, readers)])
         for m in methods:
             rows.append(Row(m.name, order, readers, phase, len(ids), seconds[m.name]))
             log.info("%-20s %-10s %d reader(s) %-4s %9.0f samples/s", m.name, order, readers,
@@ -219,7 +225,7 @@ def bench_mount(mount: str, n: int, readers: list[int], corpus: Any = None,
     rows: list[Row] = []
     notes: list[str] = []
     rss_before = daemon_memory(daemon_pid)
-    read_files = lambda paths: _read_files(paths, size)  # noqa: E731
+    read_sized = lambda paths: read_files(paths, size)  # noqa: E731
     memmap_read = _memmap_reader(corpus, tokens) if corpus is not None else None
     if corpus is not None:
         reader = corpus.splits[split]
@@ -240,9 +246,9 @@ def bench_mount(mount: str, n: int, readers: list[int], corpus: Any = None,
     for (order, r), ids in plan.items():
         def tmpfs_method(folder: str) -> Method:
             return Method("tmpfs files", lambda part: [os.path.join(folder, f"{int(i):0{width}d}.bin")
-                                                       for i in part], read_files)
+                                                       for i in part], read_sized)
 
-        methods = [Method("mmfs mount", lambda part: sample_paths(mount, split, width, part), read_files)]
+        methods = [Method("mmfs mount", lambda part: sample_paths(mount, split, width, part), read_sized)]
         shm = None
         try:
             if corpus is not None:
@@ -452,16 +458,24 @@ def run(target: str, n: int, readers: list[int], options: str = "") -> dict[str,
             raise MmfsError(f"{target}: not a mounted mmfs directory (give a mount point or a config)")
         return bench_mount(target, n, readers)
 
+    from .sampling import open_corpus
+
+    with temporary_mount(target, options) as (mount, pid):
+        corpus = open_corpus(target, progress=False)  # the in-process baselines' own copy, mapped
+        return bench_mount(mount, n, readers, corpus=corpus, daemon_pid=pid)
+
+
+@contextlib.contextmanager
+def temporary_mount(config: str, options: str = "") -> Iterator[tuple[str, int]]:
+    """Mount `config` (as `mmfs mount` does, with `-o options`) in a temporary
+    directory; yields (mount point, daemon pid) and unmounts afterwards."""
     from .fuse import parse_options, take_map_limit
     from .mount import spawn_daemon, unmount, wait_until_mounted
     from .sampling import open_corpus
     from .tree import Tree
 
     mount_options = parse_options(options)
-    # The daemon opens the config as `mmfs mount` does; the in-process baselines
-    # read their own copy, mapped.
-    tree = Tree(open_corpus(target, progress=True, map_limit_mb=take_map_limit(mount_options)))
-    corpus = open_corpus(target, progress=False)
+    tree = Tree(open_corpus(config, progress=True, map_limit_mb=take_map_limit(mount_options)))
     tmp = tempfile.mkdtemp(prefix="mmfs-bench-")
     mount = os.path.join(tmp, "mnt")
     os.mkdir(mount)
@@ -469,7 +483,7 @@ def run(target: str, n: int, readers: list[int], options: str = "") -> dict[str,
     pid = spawn_daemon(tree, mount, mount_options, log_path)
     try:
         wait_until_mounted(mount, pid, log_path)
-        return bench_mount(mount, n, readers, corpus=corpus, daemon_pid=pid)
+        yield mount, pid
     finally:
         try:
             unmount(mount)
@@ -481,6 +495,7 @@ def run(target: str, n: int, readers: list[int], options: str = "") -> dict[str,
 
 def bench_command(args: argparse.Namespace) -> int:
     """`mmfs bench TARGET [-n N] [--readers 1,2,4] [--json]`."""
+    single_threaded_libraries()
     result = run(args.target, args.samples, _parse_readers(args.readers),
                  getattr(args, "options", "") or "")
     print(json.dumps(result, indent=2) if args.json else format_table(result))

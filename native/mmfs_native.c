@@ -344,6 +344,15 @@ static int sequence_byte(const mmfs_source *src, int64_t seq, int64_t length, in
 typedef int (*piece_fn)(void *ctx, int64_t seq, int64_t byte, int64_t offset,
                         int64_t length, int64_t at);
 
+/* Where the last walk of this thread stopped: the piece that reached the end
+ * of its window. A reader that reads a sample in blocks asks for the next
+ * block next, and the walk resumes there instead of from the first piece. */
+static __thread struct {
+    const mmfs_gpt *g;
+    int64_t serial, k, pos, at;
+    int64_t rows[4];
+} resume;
+
 static int walk_sample(const mmfs_gpt *g, int64_t k, int64_t t0, int64_t t1,
                        piece_fn piece, void *ctx) {
     if (!g || !g->source) return MMFS_E_ARG;
@@ -351,14 +360,24 @@ static int walk_sample(const mmfs_gpt *g, int64_t k, int64_t t0, int64_t t1,
     int64_t num_samples = g->sample_index.count / 2 - 1;
     if (k < 0 || k >= num_samples) return MMFS_E_ARG;
     int64_t rows[4]; /* (position, offset) of sample k and of sample k + 1 */
-    int rc = array_ints(&g->sample_index, 2 * k, 4, rows);
-    if (rc < 0) return rc;
+    int64_t first, at; /* the first position to visit, and its token in the sample */
+    int rc;
+    if (resume.g == g && resume.serial == g->serial && g->serial > 0 && resume.k == k &&
+        resume.at <= t0) {
+        memcpy(rows, resume.rows, sizeof rows);
+        first = resume.pos;
+        at = resume.at;
+    } else {
+        if ((rc = array_ints(&g->sample_index, 2 * k, 4, rows)) < 0) return rc;
+        first = rows[0];
+        at = 0;
+    }
     int64_t beg = rows[0], beg_off = rows[1], end = rows[2], end_off = rows[3];
     if (beg < 0 || end < beg || end >= g->doc_index.count || beg_off < 0 || end_off < 0)
         return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, k);
-    int64_t seqs[MAX_RUN], at = 0;
-    for (int64_t pos = beg; pos <= end && at < t1; ++pos) {
-        int64_t run = (pos - beg) % MAX_RUN;
+    int64_t seqs[MAX_RUN];
+    for (int64_t pos = first; pos <= end && at < t1; ++pos) {
+        int64_t run = (pos - first) % MAX_RUN;
         if (run == 0) { /* the next run of sequence ids */
             int64_t n = end - pos + 1 < MAX_RUN ? end - pos + 1 : MAX_RUN;
             if ((rc = array_ints(&g->doc_index, pos, n, seqs)) < 0) return rc;
@@ -373,6 +392,14 @@ static int walk_sample(const mmfs_gpt *g, int64_t k, int64_t t0, int64_t t1,
             if ((rc = sequence_byte(src, seq, offset + length, &byte)) < 0) return rc;
             byte += offset * itemsize_of(src->dtype);
             if ((rc = piece(ctx, seq, byte, offset, length, at)) < 0) return rc;
+        }
+        if (at + length >= t1) { /* the window ends in this piece: resume here */
+            resume.g = g;
+            resume.serial = g->serial;
+            resume.k = k;
+            resume.pos = pos;
+            resume.at = at;
+            memcpy(resume.rows, rows, sizeof rows);
         }
         at += length;
     }

@@ -83,6 +83,7 @@ typedef struct {
     mmfs_array sample_index;  /* (num_samples + 1) rows of (doc_index position, offset) */
     mmfs_array shuffle_index; /* shuffled position -> unshuffled sample */
     int32_t extra;            /* add_extra_token_to_sequence */
+    int64_t serial;           /* unique in the process, > 0 (keys a walk's resume point) */
 } mmfs_gpt;
 
 /* The samples of one split in training order: a GPTDataset, or a blend of

@@ -6,6 +6,8 @@ conversion); this module describes the arrays to it and keeps them alive.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from ..errors import NativeError
@@ -38,6 +40,9 @@ class TokenSource:
         self.documents_c = docs
 
 
+_serials = itertools.count(1)  # one per mmfs_gpt struct: see its `serial`
+
+
 class GptReader:
     """One GPTDataset of a split: its indices described in `c` (an mmfs_gpt)."""
 
@@ -48,6 +53,7 @@ class GptReader:
         self.length = gpt.sample_index.shape[0] - 1
         c.source = source.c
         c.extra = gpt.params.extra
+        c.serial = next(_serials)
         self._keep = (
             placer.place(c.doc_index, gpt.document_index),
             placer.place(c.sample_index, gpt.sample_index),
