@@ -190,8 +190,11 @@ class Daemon(fusepy.FUSE):
             if node is None:
                 return -errno.ENOENT
             a = self._tree.attr(node)
-        except Exception as exc:
-            log.error("getattr %s: %s", path.decode(errors="replace"), exc)
+        except MmfsError as exc:
+            log.error("%s (getattr)", exc)
+            return -errno.EIO
+        except Exception:
+            log.exception("getattr %r", path)
             return -errno.EIO
         template = self._stats.get(a)
         if template is None:
@@ -224,7 +227,7 @@ class Daemon(fusepy.FUSE):
                 return -errno.ENOENT
             data = self._tree.read(node, offset, size)
         except MmfsError as exc:  # a view's file that cannot be read: say why
-            log.error("read %s (%d bytes at %d): %s", name, size, offset, exc)
+            log.error("%s (a read of %d bytes at %d)", exc, size, offset)
             return -errno.EIO
         except Exception:
             log.exception("read %s (%d bytes at %d)", name, size, offset)

@@ -187,7 +187,7 @@ def sample_view(split_name: str, split: Any, mtime_ns: int) -> View:
             gpt, k = split.locate(i)
         except Exception as exc:  # the blend or shuffle index itself is bad: say that
             return f" ({exc})"
-        return f" (dataset {gpt.name}, its sample {k}, tokens in {gpt.source.dataset.bin_path})"
+        return f" (dataset {gpt.name}, its sample {k})"
 
     return View(sample_dir(split_name), len(split), split.dtype, "split", split.c, mtime_ns,
                 file_tokens=split.sample_tokens, xattr_names=(XATTR_DATASET, XATTR_PIECES),
