@@ -18,7 +18,6 @@ import pytest
 
 from golden_cases import GOLDEN, write_case_config
 from mmfs.errors import MountError
-from mmfs.formats import open_dataset
 from mmfs.formats.writer import write_index
 from mmfs.fuse import FUSEPY_VERSION, NATIVE_HANDLERS, check_table, native_address
 from mmfs.sampling import open_corpus
