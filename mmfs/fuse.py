@@ -275,8 +275,8 @@ class Daemon(fusepy.FUSE):
         finally:
             signal.signal(signal.SIGINT, previous)
         if err:
-            raise MountError(f"{mountpoint}: libfuse could not mount or serve it (code {err}): "
-                             "see libfuse's own message just before this line")
+            raise MountError(f"{mountpoint}: libfuse could not mount or serve it (code {err}; "
+                             "its own message says why): check the -o options")
 
 
 def native_address(name: str) -> int:

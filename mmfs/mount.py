@@ -15,6 +15,7 @@ import errno
 import hashlib
 import logging
 import os
+import re
 import shutil
 import signal
 import stat
@@ -170,6 +171,20 @@ def _log_tail(path: str, lines: int = 20) -> list[str]:
         return []
 
 
+def _why_it_exited(log_path: str) -> str:
+    """The daemon's last message, after what libfuse itself printed (lines that
+    are not the daemon's own, e.g. "fuse: unknown option `bogus'")."""
+    tail = _log_tail(log_path)
+    ours = [line for line in tail if _LOG_LINE.match(line)]
+    libfuse = [line for line in tail if not _LOG_LINE.match(line) and not line.startswith(" ")]
+    last = _LOG_LINE.sub("", ours[-1]) if ours else "no message"
+    return "; ".join(libfuse[-3:] + [last])
+
+
+# The start of the daemon's own log lines (the format _daemon_main sets).
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ mmfs\[\d+\] [A-Z]+ ")
+
+
 def _daemon_main(tree: Any, mountpoint: str, options: dict[str, Any], log_fd: int, level: int) -> int:
     """Body of the forked daemon: detach, log to the file, serve."""
     from .fuse import serve
@@ -236,12 +251,8 @@ def wait_until_mounted(mountpoint: str, pid: int, log_path: str, timeout: float 
     while True:
         done, _status = os.waitpid(pid, os.WNOHANG)
         if done:
-            tail = _log_tail(log_path)
-            why = tail[-1] if tail else "no message"
-            raise MountError(
-                f"{mountpoint}: the mmfs daemon exited before the mount answered: {why} "
-                f"(log: {log_path})"
-            )
+            raise MountError(f"{mountpoint}: the mmfs daemon exited before the mount answered: "
+                             f"{_why_it_exited(log_path)} (log: {log_path})")
         if os.path.ismount(mountpoint):
             try:
                 os.stat(probe)

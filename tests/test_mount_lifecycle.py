@@ -223,3 +223,13 @@ def test_ten_million_samples_list_lazily(tmp_path):
         last = samples / f"{count - 1:0{width}d}.bin"
         assert last.stat().st_size == 9 * 2
         assert stat_errno(samples / f"{count:0{width}d}.bin") == errno.ENOENT
+
+
+def test_an_option_libfuse_refuses_is_named_on_the_command_line(tmp_path, p2_config):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = mmfs("mount", p2_config, mnt, "--log", tmp_path / "log", "-o", "bogusopt")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("mmfs: error:") and "unknown option `bogusopt'" in lines[-1]
+    assert "Traceback" not in proc.stderr and not is_mounted(mnt)
