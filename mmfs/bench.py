@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .config import SPLITS
 from .errors import MmfsError
 
 log = logging.getLogger(__name__)
@@ -332,7 +333,7 @@ def megatron_dataset(corpus: Any, split: str, cache_dir: str) -> Any:
     # the CPU from the other methods measured in the same process.
     torch.set_num_threads(1)
     cfg = corpus.config
-    names = ("train", "valid", "test")
+    names = SPLITS
 
     def blend(b: Any) -> Any:
         return None if b is None else ([d.file for d in b.datasets], b.weights)
@@ -471,11 +472,11 @@ def temporary_mount(config: str, options: str = "") -> Iterator[tuple[str, int]]
     directory; yields (mount point, daemon pid) and unmounts afterwards."""
     from .fuse import parse_options, take_map_limit
     from .mount import spawn_daemon, unmount, wait_until_mounted
-    from .sampling import open_corpus
+    from .sampling import open_corpus_for_serving
     from .tree import Tree
 
     mount_options = parse_options(options)
-    tree = Tree(open_corpus(config, progress=True, map_limit_mb=take_map_limit(mount_options)))
+    tree = Tree(open_corpus_for_serving(config, map_limit_mb=take_map_limit(mount_options)))
     tmp = tempfile.mkdtemp(prefix="mmfs-bench-")
     mount = os.path.join(tmp, "mnt")
     os.mkdir(mount)

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from . import __version__
+from .config import SPLITS
 from .errors import MmfsError
 
 # subcommand -> "module:function"; the function takes the parsed args and
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sample", parents=[common], help="print one sample's tokens and provenance")
     p.add_argument("config", help="YAML config")
     p.add_argument("index", type=int, help="sample index in the split")
-    p.add_argument("--split", default="train", choices=["train", "valid", "test"])
+    p.add_argument("--split", default="train", choices=SPLITS)
 
     p = sub.add_parser("mount", parents=[common], help="mount a config's samples as files")
     p.add_argument("config", help="YAML config")

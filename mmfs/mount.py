@@ -133,26 +133,6 @@ def check_mount_point(path: str, allow_nonempty: bool = False) -> None:
 
 # -- mount ---------------------------------------------------------------------
 
-# Index arrays held in memory (not memory-mapped) above this size are re-opened
-# from the cache before the daemon forks.
-REOPEN_ABOVE = 32 << 20
-
-
-def _index_bytes_in_memory(corpus: Any) -> int:
-    """Bytes of the corpus's index arrays held in memory rather than mapped from
-    their cache files (a .pbin's sequence table is always in memory: not counted)."""
-    from .sampling.arrays import file_region
-
-    total = 0
-    for s in corpus.indices.values():
-        arrays = [a for g in s.gpts for a in (g.document_index, g.sample_index, g.shuffle_index)]
-        if s.blend is not None:
-            arrays += [s.blend.dataset_index, s.blend.dataset_sample_index]
-        total += sum(int(a.nbytes) for a in arrays if file_region(a) is None)
-    return total
-
-
-
 def default_log_path(mountpoint: str) -> str:
     """~/.local/state/mmfs/<mount dir name>-<hash of its path>.log"""
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(
@@ -272,7 +252,7 @@ def wait_until_mounted(mountpoint: str, pid: int, log_path: str, timeout: float 
 def mount_command(args: argparse.Namespace) -> int:
     """`mmfs mount CONFIG MOUNTPOINT [-f] [-o OPTIONS] [--log FILE]`."""
     from .fuse import parse_options, serve, take_map_limit
-    from .sampling import open_corpus
+    from .sampling import open_corpus_for_serving
     from .tree import Tree
 
     mountpoint = os.path.abspath(args.mountpoint)
@@ -282,17 +262,7 @@ def mount_command(args: argparse.Namespace) -> int:
     map_limit_mb = take_map_limit(options)
     check_mount_point(mountpoint, allow_nonempty=bool(options.get("nonempty")))
     quiet = bool(getattr(args, "quiet", False))
-    corpus = open_corpus(args.config, progress=not quiet, map_limit_mb=map_limit_mb)
-    if _index_bytes_in_memory(corpus) > REOPEN_ABOVE:
-        # Just built: re-open from the cache so that the daemon memory-maps the
-        # indices instead of holding them (O(1) resident memory).
-        log.info("re-opening the indices from the cache for the daemon")
-        corpus = open_corpus(args.config, progress=False, map_limit_mb=map_limit_mb)
-        held = _index_bytes_in_memory(corpus)
-        if held > REOPEN_ABOVE:
-            log.warning("the index cache could not be used: the daemon holds %.0f MB of "
-                        "indices in memory (is cache_dir writable?)", held / 1e6)
-    tree = Tree(corpus)
+    tree = Tree(open_corpus_for_serving(args.config, progress=not quiet, map_limit_mb=map_limit_mb))
     # Someone may have mounted there while the indices were built.
     check_mount_point(mountpoint, allow_nonempty=bool(options.get("nonempty")))
 

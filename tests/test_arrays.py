@@ -88,7 +88,7 @@ def test_mount_counts_only_index_arrays_held_in_memory(tmp_path):
     """`mmfs mount` re-opens from the cache when freshly built indices sit in memory;
     a .pbin's sequence table (always in memory) is not an index and does not count."""
     from mmfs.formats.writer import write_packed
-    from mmfs.mount import _index_bytes_in_memory
+    from mmfs.sampling.corpus import index_bytes_in_memory
 
     docs = [np.full(50, 7, dtype=np.uint32) for _ in range(300)]
     write_packed(str(tmp_path / "web.pbin"), docs, token_size=4)
@@ -98,5 +98,5 @@ def test_mount_counts_only_index_arrays_held_in_memory(tmp_path):
     built = open_corpus(str(config), progress=False, map_limit_mb=64)
     reopened = open_corpus(str(config), progress=False, map_limit_mb=64)
     assert built.placer.memory_bytes > 0 and reopened.placer.memory_bytes > 0  # the .pbin table
-    assert _index_bytes_in_memory(built) > 0
-    assert _index_bytes_in_memory(reopened) == 0
+    assert index_bytes_in_memory(built) > 0
+    assert index_bytes_in_memory(reopened) == 0

@@ -12,7 +12,7 @@ import numpy as np
 from ..config import SPLITS, Config, load_config
 from ..errors import MmfsError
 from ..formats import open_dataset
-from .arrays import ArrayPlacer
+from .arrays import ArrayPlacer, file_region
 from .builder import Builder, SplitIndices
 from .reader import SplitReader, TokenSource
 
@@ -80,4 +80,37 @@ def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | Non
     return corpus
 
 
-__all__ = ["Corpus", "DatasetEntry", "open_corpus", "MmfsError"]
+# Index arrays held in memory (not mapped from the cache) above this size are
+# re-opened from the cache by open_corpus_for_serving.
+REOPEN_ABOVE = 32 << 20
+
+
+def index_bytes_in_memory(corpus: Corpus) -> int:
+    """Bytes of the corpus's index arrays held in memory rather than mapped from
+    their cache files (a .pbin's sequence table is always in memory: not counted)."""
+    total = 0
+    for s in corpus.indices.values():
+        arrays = [a for g in s.gpts for a in (g.document_index, g.sample_index, g.shuffle_index)]
+        if s.blend is not None:
+            arrays += [s.blend.dataset_index, s.blend.dataset_sample_index]
+        total += sum(int(a.nbytes) for a in arrays if file_region(a) is None)
+    return total
+
+
+def open_corpus_for_serving(config_path: str, progress: bool = True, map_limit_mb: int = 64) -> Corpus:
+    """open_corpus for a long-running reader (the mount daemon): indices just
+    built, and so held in memory, are re-opened from the cache, so that the
+    reader's resident memory does not hold them."""
+    corpus = open_corpus(config_path, progress=progress, map_limit_mb=map_limit_mb)
+    if index_bytes_in_memory(corpus) <= REOPEN_ABOVE:
+        return corpus
+    log.info("re-opening the indices from the cache")
+    corpus = open_corpus(config_path, progress=False, map_limit_mb=map_limit_mb)
+    held = index_bytes_in_memory(corpus)
+    if held > REOPEN_ABOVE:
+        log.warning("the index cache could not be used: %.0f MB of indices stay in memory "
+                    "(is cache_dir writable?)", held / 1e6)
+    return corpus
+
+
+__all__ = ["Corpus", "DatasetEntry", "open_corpus", "open_corpus_for_serving", "MmfsError"]
