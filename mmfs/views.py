@@ -119,7 +119,9 @@ class Registry:
         paths = [v.path for v in views]
         if len(set(paths)) != len(paths):
             raise ValueError(f"a view is declared twice: {paths}")
-        self.views = views
+        # Sorted by path: the C side finds a path by binary search.
+        self.views = views = sorted(views, key=lambda v: v.path.encode("utf-8", "surrogateescape"))
+        self.index = {id(v): d for d, v in enumerate(views)}
         self.by_path = {v.path: v for v in views}
         self._paths = [ffi.new("char[]", v.path.encode()) for v in views]
         self.c = ffi.new("mmfs_view[]", max(len(views), 1))
@@ -137,7 +139,7 @@ class Registry:
         return kind, view, i[0]
 
     def _c(self, view: View) -> Any:
-        return self.c + self.views.index(view)
+        return self.c + self.index[id(view)]
 
     def size(self, view: View, i: int) -> int:
         """Bytes in file i of view."""

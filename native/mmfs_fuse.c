@@ -27,6 +27,7 @@ int mmfs_fuse_configure(const mmfs_view *views, int32_t n, uint32_t uid, uint32_
             views[d].item < 1 || views[d].count < 0 || !views[d].tokens ||
             (views[d].file_tokens < 0 && !views[d].length))
             return MMFS_E_ARG;
+    if (!mmfs_view_sorted(views, n)) return MMFS_E_ARG;
     g_views = views;
     g_num_views = n;
     g_uid = uid;

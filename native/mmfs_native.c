@@ -494,6 +494,58 @@ int mmfs_split_tokens(const void *split, int64_t file, int64_t first, int64_t co
     return rc < 0 ? (int)rc : MMFS_OK;
 }
 
+/* ---- micro-batches ----------------------------------------------------- */
+
+int64_t mmfs_microbatch_sample(const mmfs_microbatches *m, int64_t j, int64_t b) {
+    if (!m || !m->split || j < 0 || j >= m->files || b < 0 || b >= m->micro_batch_size ||
+        m->rank < 0 || m->rank >= m->data_parallel_size)
+        return MMFS_E_ARG;
+    int64_t mbs = m->micro_batch_size, id, rc;
+    switch (m->kind) {
+    case 0:
+        id = (j * m->data_parallel_size + m->rank) * mbs + b;
+        break;
+    case 1:
+        if ((rc = array_int(&m->permutation, j * mbs + b, &id)) < 0) return rc;
+        id += m->rank * m->bucket;
+        break;
+    case 2:
+        if ((rc = array_int(&m->permutation, (j * mbs + b) * m->data_parallel_size + m->rank,
+                            &id)) < 0)
+            return rc;
+        break;
+    default:
+        return MMFS_E_ARG;
+    }
+    if (id < 0 || id >= m->split->num_samples) return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, id);
+    return id;
+}
+
+int64_t mmfs_microbatch_length(const void *microbatches, int64_t file) {
+    const mmfs_microbatches *m = microbatches;
+    if (!m || !m->split || file < 0 || file >= m->files) return MMFS_E_ARG;
+    return m->micro_batch_size * m->split->sample_tokens;
+}
+
+int mmfs_microbatch_tokens(const void *microbatches, int64_t file, int64_t first, int64_t count,
+                           uint8_t *out) {
+    const mmfs_microbatches *m = microbatches;
+    int64_t length = mmfs_microbatch_length(m, file);
+    if (length < 0) return (int)length;
+    if (first < 0 || count < 0 || first > length || count > length - first) return MMFS_E_ARG;
+    int64_t per = m->split->sample_tokens, item = itemsize_of(m->split->out_dtype);
+    for (int64_t t = first; t < first + count;) {
+        int64_t b = t / per, lo = t - b * per;
+        int64_t hi = first + count - b * per < per ? first + count - b * per : per;
+        int64_t id = mmfs_microbatch_sample(m, file, b);
+        if (id < 0) return (int)id;
+        int64_t rc = split_window(m->split, id, lo, hi, out + (t - first) * item);
+        if (rc < 0) return (int)rc;
+        t += hi - lo;
+    }
+    return MMFS_OK;
+}
+
 typedef struct {
     int64_t *pieces;
     int64_t max_pieces;

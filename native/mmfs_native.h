@@ -124,6 +124,28 @@ typedef struct {
     mmfs_array bounds;
 } mmfs_documents;
 
+/* One data-parallel rank's micro-batches of a split, in the order Megatron's
+ * sampler hands them to that rank from consumed_samples 0: file j holds
+ * micro_batch_size samples of the split, back to back. Sample b of file j:
+ *   single (kind 0):    j * mbs * dp + rank * mbs + b
+ *   sharded (kind 1):   rank * bucket + permutation[j * mbs + b]
+ *   unsharded (kind 2): permutation[(j * mbs + b) * dp + rank]
+ * (see mmfs/sampling/samplers.py). */
+typedef struct {
+    const mmfs_split *split;
+    int32_t kind;
+    int32_t rank;
+    int64_t micro_batch_size;
+    int64_t data_parallel_size;
+    int64_t files;
+    int64_t bucket;
+    mmfs_array permutation;   /* cyclic kinds: torch.randperm(bucket) of epoch 0 */
+} mmfs_microbatches;
+
+/* The sample id (in the split) of sample b of micro-batch file j, or a
+ * negative error. */
+int64_t mmfs_microbatch_sample(const mmfs_microbatches *m, int64_t j, int64_t b);
+
 /* Token readers of the mount's views (see mmfs_views.h): the number of tokens
  * in file `file` of ctx, and tokens [first, first + count) of it, written
  * into out in the view's dtype. A sample is padded with the split's pad;
@@ -134,6 +156,9 @@ int mmfs_split_tokens(const void *split, int64_t file, int64_t first, int64_t co
 int64_t mmfs_sequence_length(const void *source, int64_t file);
 int mmfs_sequence_tokens(const void *source, int64_t file, int64_t first, int64_t count,
                          uint8_t *out);
+int64_t mmfs_microbatch_length(const void *microbatches, int64_t file);
+int mmfs_microbatch_tokens(const void *microbatches, int64_t file, int64_t first, int64_t count,
+                           uint8_t *out);
 int64_t mmfs_document_length(const void *documents, int64_t file);
 int mmfs_document_tokens(const void *documents, int64_t file, int64_t first, int64_t count,
                          uint8_t *out);

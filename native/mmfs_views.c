@@ -6,31 +6,49 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The view whose path is exactly path[0..n), by binary search (the views are
+ * sorted by path), or -1. */
+static int32_t view_at(const mmfs_view *views, int32_t count, const char *path, size_t n) {
+    int32_t lo = 0, hi = count - 1;
+    while (lo <= hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        const char *p = views[mid].path;
+        int c = strncmp(p, path, n);
+        if (c == 0 && p[n] != '\0') c = 1; /* longer, so after path[0..n) */
+        if (c == 0) return mid;
+        if (c < 0) lo = mid + 1; else hi = mid - 1;
+    }
+    return -1;
+}
+
+int mmfs_view_sorted(const mmfs_view *views, int32_t n) {
+    for (int32_t d = 1; d < n; ++d)
+        if (strcmp(views[d - 1].path, views[d].path) >= 0) return 0;
+    return 1;
+}
+
 int mmfs_view_find(const mmfs_view *views, int32_t n, const char *path, int32_t *view,
                    int64_t *file) {
-    if (!views || !path) return MMFS_PATH_OTHER;
-    for (int32_t d = 0; d < n; ++d) {
-        const mmfs_view *v = &views[d];
-        size_t len = strlen(v->path);
-        if (strncmp(path, v->path, len) != 0) continue;
-        if (path[len] == '\0') {
-            *view = d;
-            return MMFS_PATH_DIR;
-        }
-        if (path[len] != '/') continue;
+    if (!views || !path || n < 1) return MMFS_PATH_OTHER;
+    int32_t d = view_at(views, n, path, strlen(path));
+    if (d >= 0) {
         *view = d;
-        const char *name = path + len + 1;
-        int64_t value = 0;
-        for (int32_t i = 0; i < v->name_width; ++i) {
-            if (name[i] < '0' || name[i] > '9') return MMFS_PATH_MISSING;
-            value = value * 10 + (name[i] - '0');
-        }
-        if (strcmp(name + v->name_width, ".bin") != 0 || value >= v->count)
-            return MMFS_PATH_MISSING;
-        *file = value;
-        return MMFS_PATH_FILE;
+        return MMFS_PATH_DIR;
     }
-    return MMFS_PATH_OTHER;
+    const char *slash = strrchr(path, '/');
+    if (!slash || (d = view_at(views, n, path, (size_t)(slash - path))) < 0)
+        return MMFS_PATH_OTHER;
+    const mmfs_view *v = &views[d];
+    *view = d;
+    const char *name = slash + 1;
+    int64_t value = 0;
+    for (int32_t i = 0; i < v->name_width; ++i) {
+        if (name[i] < '0' || name[i] > '9') return MMFS_PATH_MISSING;
+        value = value * 10 + (name[i] - '0');
+    }
+    if (strcmp(name + v->name_width, ".bin") != 0 || value >= v->count) return MMFS_PATH_MISSING;
+    *file = value;
+    return MMFS_PATH_FILE;
 }
 
 int mmfs_view_name(const mmfs_view *v, int64_t file, char *out, int32_t size) {

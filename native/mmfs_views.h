@@ -34,9 +34,13 @@ typedef struct {
 #define MMFS_PATH_FILE 2
 #define MMFS_PATH_MISSING 3
 
-/* Classify path against views[0..n); sets *view for DIR, FILE and MISSING
- * and *file for FILE. A file name is exactly name_width digits, then ".bin",
- * naming a file below the count. */
+/* 1 if views[0..n) are sorted by path (strcmp), as mmfs_view_find needs. */
+int mmfs_view_sorted(const mmfs_view *views, int32_t n);
+
+/* Classify path against views[0..n) (sorted by path: a lookup is a binary
+ * search, however many views there are); sets *view for DIR, FILE and
+ * MISSING and *file for FILE. A file name is exactly name_width digits, then
+ * ".bin", naming a file below the count. */
 int mmfs_view_find(const mmfs_view *views, int32_t n, const char *path, int32_t *view,
                    int64_t *file);
 
