@@ -1,6 +1,6 @@
 """Benchmark of index building (a program, not a test):
 
-    python -m mmfs.sampling.bench [--docs 20000000] [--repeat 3] [--dir TMP]
+    python benchmarks/index_build.py [--docs 20000000] [--repeat 3] [--dir TMP]
 
 On the issue's workload (documents of 1..2000 tokens, uniform; sequence_length
 4096) it times, side by side in one run and interleaved:
@@ -25,8 +25,8 @@ import time
 
 import numpy as np
 
-from ..formats.indexed import HEADER, MAGIC
-from .gpt import GptParams, build_document_index, build_gpt_indices, build_sample_index, plan_epochs
+from mmfs.formats.writer import write_index
+from mmfs.sampling.gpt import GptParams, build_document_index, build_gpt_indices, build_sample_index, plan_epochs
 
 SEQ_LEN = 4096
 SEED = 1234
@@ -37,8 +37,9 @@ def megatron():
     try:
         import warnings
 
-        warnings.filterwarnings("ignore")
-        from megatron.core.datasets import gpt_dataset, helpers_cpp
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from megatron.core.datasets import gpt_dataset, helpers_cpp
     except Exception:  # noqa: BLE001 - any import failure means "not installed"
         return None
     return helpers_cpp, gpt_dataset
@@ -55,14 +56,7 @@ def timed(fn, repeat: int) -> float:
 
 def write_dataset(prefix: str, lengths: np.ndarray) -> None:
     """An MMIDIDX uint16 dataset with these lengths; the .bin is sparse (all zeros)."""
-    n = len(lengths)
-    pointers = np.zeros(n, dtype=np.int64)
-    np.cumsum(lengths[:-1].astype(np.int64) * 2, out=pointers[1:])
-    with open(prefix + ".idx", "wb") as f:
-        f.write(HEADER.pack(MAGIC, 1, 8, n, n + 1))
-        f.write(lengths.astype(np.int32).tobytes())
-        f.write(pointers.tobytes())
-        f.write(np.arange(n + 1, dtype=np.int64).tobytes())
+    write_index(prefix + ".idx", np.uint16, lengths, np.arange(len(lengths) + 1, dtype=np.int64))
     with open(prefix + ".bin", "wb") as f:
         f.truncate(int(lengths.sum(dtype=np.int64)) * 2)
 
@@ -110,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         helpers_cpp, _ = meg
         theirs = timed(lambda: helpers_cpp.build_sample_idx_int32(
             lengths, doc, SEQ_LEN, 1, tokens, True, 1), args.repeat)
-        assert np.array_equal(build_sample_index(lengths, doc, p, plan),
-                              helpers_cpp.build_sample_idx_int32(lengths, doc, SEQ_LEN, 1, tokens, True, 1))
+        if not np.array_equal(build_sample_index(lengths, doc, p, plan),
+                              helpers_cpp.build_sample_idx_int32(lengths, doc, SEQ_LEN, 1, tokens, True, 1)):
+            raise SystemExit("the sample indices differ from megatron-core's")
     rows.append(("sample index", n, ours, theirs))
 
     # 2. the whole train split.

@@ -1,6 +1,6 @@
 """Benchmark of the formats layer on a big synthetic IndexedDataset (a program, not a test).
 
-    python -m mmfs.formats.bench [--sequences 100000000] [--reads 100000] [--dir /tmp]
+    python benchmarks/formats.py [--sequences 100000000] [--reads 100000] [--dir /tmp]
 
 Writes a dataset of short uint16 sequences (1..8 tokens) into a temporary directory
 (deleted afterwards), then measures: opening (time, resident-memory increase),
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -22,8 +21,8 @@ import time
 
 import numpy as np
 
-from .dtypes import DTYPE_TO_CODE
-from .indexed import HEADER, MAGIC, VERSION, IndexedDataset
+from mmfs.formats.indexed import HEADER, IndexedDataset
+from mmfs.formats.writer import write_index
 
 GEN_CHUNK = 1 << 22  # sequences written per step
 DTYPE = np.dtype(np.uint16)
@@ -39,33 +38,21 @@ def rss_mb() -> float:
 
 
 def generate(prefix: str, n: int, seed: int = 0) -> int:
-    """Write PREFIX.idx/.bin with n sequences of 1..8 tokens, one per document, laid out
-    exactly as Megatron writes them; arrays go straight to their place in the .idx."""
+    """Write PREFIX.idx/.bin with n sequences of 1..8 tokens, one per document, with
+    mmfs's IndexedDataset writer (byte-identical to Megatron's)."""
     rng = np.random.default_rng(seed)
-    off_len, off_ptr = HEADER.size, HEADER.size + 4 * n
-    off_doc = off_ptr + 8 * n
-    tokens = 0
-    with open(prefix + ".idx", "wb") as idx, open(prefix + ".bin", "wb") as bin_file:
-        idx.write(HEADER.pack(MAGIC, VERSION, DTYPE_TO_CODE[DTYPE], n, n + 1))
-        fd = idx.fileno()
+    lengths = rng.integers(1, 9, size=n, dtype=np.int32)
+    with open(prefix + ".bin", "wb") as bin_file:
         for start in range(0, n, GEN_CHUNK):
-            k = min(GEN_CHUNK, n - start)
-            lengths = rng.integers(1, 9, size=k, dtype=np.int32)
-            ends = np.cumsum(lengths, dtype=np.int64)
-            pointers = (ends - lengths + tokens) * DTYPE.itemsize
-            os.pwrite(fd, lengths.tobytes(), off_len + 4 * start)
-            os.pwrite(fd, pointers.tobytes(), off_ptr + 8 * start)
-            os.pwrite(fd, np.arange(start, start + k, dtype=np.int64).tobytes(),
-                      off_doc + 8 * start)
-            count = int(ends[-1])
+            count = int(lengths[start : start + GEN_CHUNK].sum(dtype=np.int64))
             bin_file.write(rng.integers(0, 50257, size=count, dtype=np.uint16).tobytes())
-            tokens += count
-        os.pwrite(fd, struct.pack("<q", n), off_doc + 8 * n)
         # flush now, so writeback of 3 GB does not land inside the timings below
-        os.fsync(fd)
         bin_file.flush()
         os.fsync(bin_file.fileno())
-    return tokens
+    write_index(prefix + ".idx", DTYPE, lengths, np.arange(n + 1, dtype=np.int64))
+    with open(prefix + ".idx", "rb") as idx:
+        os.fsync(idx.fileno())
+    return int(lengths.sum(dtype=np.int64))
 
 
 def time_open(prefix: str, repeat: int = 5) -> tuple[float, float, float]:
@@ -149,7 +136,7 @@ def child_peak(args: list[str]) -> tuple[float, float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmfs.formats.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="benchmarks/formats.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sequences", type=int, default=100_000_000)
     parser.add_argument("--reads", type=int, default=100_000)
@@ -203,7 +190,6 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((f"mmfs {command}: time", f"{secs:.1f} s{status}", ""))
             rows.append((f"mmfs {command}: peak RSS", f"{peak:.0f} MB", target))
 
-    assert not os.path.exists(tmp)
     width = max(len(r[0]) for r in rows)
     value_width = max(len(r[1]) for r in rows)
     for name, value, note in rows:
