@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from golden_cases import PUBLIC, load_case, write_case_config
-
 from contract_dir import write_contract_dir
+
+from golden_cases import PUBLIC, load_case, write_case_config
 from mmfs.loader import LoaderError, Mount
 from mount_fixtures import mounted
 

@@ -68,7 +68,7 @@ def main() -> None:
         arrays = {}
         for variant, flags in VARIANTS.items():
             with tempfile.TemporaryDirectory() as cache:
-                def build():
+                def build(flags=flags, extra=extra, cache=cache):
                     all_flags = {"reset_position_ids": False, "reset_attention_mask": False,
                                  "eod_mask_loss": False, "create_attention_mask": False, **flags}
                     config = GPTDatasetConfig(
