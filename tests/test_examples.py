@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from golden_cases import write_case_config
-
 from contract_dir import write_contract_dir
+
+from golden_cases import write_case_config
 from mmfs.loader import Mount
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
