@@ -47,9 +47,14 @@ class LoaderError(MmfsError):
     """The mount (or the question asked of it) does not fit: one line, what to do."""
 
 
-def _flag_names() -> tuple[str, ...]:
-    return ("eod_mask_loss", "reset_position_ids", "reset_attention_mask", "create_attention_mask",
-            "inter_document_masking")
+FLAGS = ("eod_mask_loss", "reset_position_ids", "reset_attention_mask", "create_attention_mask",
+         "inter_document_masking")
+
+
+def _check_flags(flags: dict) -> None:
+    unknown = set(flags) - set(FLAGS)
+    if unknown:
+        raise TypeError(f"unknown flag {sorted(unknown)[0]!r} (flags: {', '.join(FLAGS)})")
 
 
 class Mount:
@@ -109,6 +114,13 @@ class Mount:
         raw = self.sample(split, i)[None, :]
         batch = self._items(raw, lambda _row: self.pieces(split, i), flags)
         return {k: v[0] for k, v in batch.items()}
+
+    def megatron_batch(self, split: str, ids: list[int], **flags: bool) -> dict[str, np.ndarray]:
+        """megatron_item of each of `ids`, stacked (read from the sample files): what
+        Megatron's DataLoader collates for a batch of those samples."""
+        _check_flags(flags)
+        raw = np.stack([self.sample(split, int(i)) for i in ids])
+        return self._items(raw, lambda row: self.pieces(split, int(ids[row])), flags)
 
     # -- micro-batches of a data-parallel rank ----------------------------------------
 
@@ -171,9 +183,7 @@ class Mount:
                          **flags: bool) -> Iterator[dict[str, np.ndarray]]:
         """The same micro-batches as dicts of stacked megatron_item fields: what
         Megatron's DataLoader gives `rank`."""
-        unknown = set(flags) - set(_flag_names())
-        if unknown:
-            raise TypeError(f"megatron_batches: unknown flag {sorted(unknown)[0]!r}")
+        _check_flags(flags)
         start = self._first_microbatch(split, rank, consumed_samples)
         for j, raw in enumerate(self.microbatches(split, rank, consumed_samples), start):
             ids: list[int] = []

@@ -188,6 +188,8 @@ def test_megatron_batches_stack_megatron_items(case_dirs):
             assert list(batch) == list(items[0])
             for name, value in batch.items():
                 assert np.array_equal(value, np.stack([it[name] for it in items])), (j, name)
+            direct = mount.megatron_batch("valid", ids, **flags)
+            assert all(np.array_equal(direct[k], batch[k]) for k in batch)
     with pytest.raises(TypeError, match="unknown flag"):
         next(mount.megatron_batches("valid", 0, eod_mask=True))
 
