@@ -15,9 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from golden_cases import PUBLIC, case_names, load_case
+from mmfs.config import TrainingConfig
 from mmfs.sampling.samplers import (
     RANDPERM_SMALL_LIMIT,
     SamplerError,
+    describe_training,
     microbatch_ids,
     mt19937_raw,
     plan_ranks,
@@ -201,3 +203,17 @@ def test_sampler_errors_are_mmfs_errors():
     plan = plan_ranks(20, 2, 2, "cyclic", False)
     with pytest.raises(SamplerError, match="not below"):
         microbatch_ids(plan, 0, plan.files_per_rank)
+
+
+def test_describe_training_names_and_counts():
+    t = TrainingConfig(data_parallel_size=1001, micro_batch_size=2, global_batch_size=2002 * 3)
+    d = describe_training(t, {"train": 20_000_000, "valid": 2001, "test": 2002}, bytes_per_sample=8194)
+    assert d["rank_name_width"] == 4  # digits of 1000
+    assert d["microbatches"] == {"train": 9990, "valid": 0, "test": 1}
+    assert d["microbatch_name_width"] == {"train": 7, "valid": 7, "test": 7}
+    assert d["ranks_path"] == {"train": "train/ranks", "test": "test/ranks"}
+    assert d["bytes_per_microbatch"] == 2 * 8194 and d["microbatches_per_iteration"] == 3
+    assert d["sampler"] == "single" and d["data_parallel_size"] == 1001
+    small = describe_training(TrainingConfig(8, 1), {"train": 8 * 10_000_001}, 2)
+    assert small["rank_name_width"] == 3 and small["microbatch_name_width"] == {"train": 8}
+    assert "microbatches_per_iteration" not in small
