@@ -201,7 +201,8 @@ class Mount:
         """Megatron's int64 text: the tokens, with pad positions holding the pad id itself."""
         text = raw.astype(np.int64)
         if self.pad_in_dtype != self.pad:  # the pad did not survive the dtype (-1 in uint16)
-            for row in np.flatnonzero((raw == self.pad_in_dtype).any(axis=1)):
+            # Padding fills a sample's tail, so only a sample ending in that value may be padded.
+            for row in np.flatnonzero(raw[:, -1] == self.pad_in_dtype):
                 real = sum(length for _s, _o, length in pieces_of(int(row)))
                 text[row, real:] = self.pad
         return text

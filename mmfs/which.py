@@ -38,6 +38,9 @@ def resolve_config(target: str) -> str:
             raise WhichError(f"{target}: not an mmfs mount or a config ({info_path}: {exc})") from None
         if not config_path:
             raise WhichError(f"{info_path}: has no config_path; give the YAML config instead")
+        if not os.path.isfile(config_path):
+            raise WhichError(f"{info_path}: its config_path {config_path} is not a file from here "
+                             "(mounted from another folder?); give the YAML config instead")
         return config_path
     return target
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from mmfs.sampling import open_corpus
-from mmfs.sampling.samplers import describe_training, plan_ranks, rank_ids
+from mmfs.sampling.samplers import describe_training, plan_splits, rank_ids
 from mmfs.tree import XATTR_DATASET, XATTR_PIECES, name_width
 
 XATTR_SAMPLES = "user.mmfs.samples"
@@ -45,11 +45,10 @@ def write_contract_dir(config_path: str | os.PathLike, out_dir: str | os.PathLik
         lengths = {split: len(reader) for split, reader in corpus.splits.items()}
         t = describe_training(training, lengths, info["bytes_per_sample"])
         info["training"] = t
-        for split, files in t["microbatches"].items():
-            if files == 0:
+        for split, plan in plan_splits(training, lengths).items():
+            if plan.files_per_rank == 0:
                 continue
-            plan = plan_ranks(lengths[split], training.micro_batch_size, training.data_parallel_size,
-                              training.dataloader_type, training.data_sharding)
+            assert plan.files_per_rank == t["microbatches"][split]
             for rank in range(training.data_parallel_size):
                 folder = out / t["ranks_path"][split] / f"{rank:0{t['rank_name_width']}d}"
                 folder.mkdir(parents=True, exist_ok=True)

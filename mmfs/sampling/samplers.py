@@ -247,6 +247,16 @@ def plan_ranks(total: int, micro_batch_size: int, data_parallel_size: int,
     return RankPlan(kind, total, mbs, dp, files, bucket, permutation)
 
 
+def plan_splits(training_cfg: Any, split_lengths: dict[str, int]) -> dict[str, RankPlan]:
+    """The plan of every split under a config's TrainingConfig (config.training);
+    split_lengths: {split: samples}, e.g. from Corpus.splits."""
+    return {
+        split: plan_ranks(int(n), training_cfg.micro_batch_size, training_cfg.data_parallel_size,
+                          training_cfg.dataloader_type, training_cfg.data_sharding)
+        for split, n in split_lengths.items()
+    }
+
+
 def _check_rank(plan: RankPlan, rank: int) -> None:
     if not 0 <= rank < plan.data_parallel_size:
         raise SamplerError(f"rank {rank} is not below data_parallel_size {plan.data_parallel_size}")
