@@ -128,3 +128,23 @@ int mmfs_randperm_large_path_i64(uint64_t seed, int64_t n, int64_t *out) {
     RANDPERM_LARGE(int64_t, &g, n, out);
     return MMFS_OK;
 }
+
+int mmfs_microbatch_ids(const mmfs_rank_plan *p, int64_t rank, int64_t j, int64_t *out) {
+    if (!p || !out || p->micro_batch_size < 1 || p->data_parallel_size < 1) return MMFS_E_ARG;
+    int64_t mbs = p->micro_batch_size, dp = p->data_parallel_size;
+    if (rank < 0 || rank >= dp || j < 0 || j >= p->files_per_rank) return MMFS_E_ARG;
+    if (p->kind == MMFS_PLAN_SINGLE) {
+        for (int64_t m = 0; m < mbs; ++m) out[m] = j * mbs * dp + rank * mbs + m;
+        return MMFS_OK;
+    }
+    if (!p->permutation || (p->kind != MMFS_PLAN_SHARDED && p->kind != MMFS_PLAN_UNSHARDED))
+        return MMFS_E_ARG;
+    for (int64_t m = 0; m < mbs; ++m) {
+        int64_t at = p->kind == MMFS_PLAN_SHARDED ? j * mbs + m : (j * mbs + m) * dp + rank;
+        if (at >= p->bucket_size) return MMFS_E_INDEX_RANGE;
+        int64_t v = p->permutation_wide ? ((const int64_t *)p->permutation)[at]
+                                        : ((const int32_t *)p->permutation)[at];
+        out[m] = p->kind == MMFS_PLAN_SHARDED ? rank * p->bucket_size + v : v;
+    }
+    return MMFS_OK;
+}

@@ -26,3 +26,25 @@ int mmfs_randperm_i32(uint64_t seed, int64_t n, int32_t *out);
 
 /* The same, always by the large-n (inside-out) algorithm: for tests only. */
 int mmfs_randperm_large_path_i64(uint64_t seed, int64_t n, int64_t *out);
+
+/* The rank views' plan of one split (mmfs/sampling/samplers.py, RankPlan): file j
+ * of data-parallel rank r holds the samples
+ *   single:    j*mbs*dp + r*mbs + m
+ *   sharded:   r*bucket_size + permutation[j*mbs + m]
+ *   unsharded: permutation[(j*mbs + m)*dp + r]          for m in 0..mbs-1. */
+#define MMFS_PLAN_SINGLE 0
+#define MMFS_PLAN_SHARDED 1
+#define MMFS_PLAN_UNSHARDED 2
+
+typedef struct {
+    int32_t kind;               /* MMFS_PLAN_* */
+    int64_t micro_batch_size;
+    int64_t data_parallel_size;
+    int64_t files_per_rank;     /* the same for every rank */
+    int64_t bucket_size;        /* entries in permutation (0 for single) */
+    const void *permutation;    /* randperm(bucket_size, seed 0); NULL for single */
+    int32_t permutation_wide;   /* 1: int64 entries, 0: int32 */
+} mmfs_rank_plan;
+
+/* out[0..micro_batch_size) = the sample ids of file j of rank r. */
+int mmfs_microbatch_ids(const mmfs_rank_plan *plan, int64_t rank, int64_t j, int64_t *out);

@@ -22,6 +22,8 @@ from mmfs.sampling.samplers import (
     describe_training,
     microbatch_ids,
     mt19937_raw,
+    native_microbatch_ids,
+    native_plan,
     plan_ranks,
     randperm,
     randperm_inside_out,
@@ -217,3 +219,22 @@ def test_describe_training_names_and_counts():
     small = describe_training(TrainingConfig(8, 1), {"train": 8 * 10_000_001}, 2)
     assert small["rank_name_width"] == 3 and small["microbatch_name_width"] == {"train": 8}
     assert "microbatches_per_iteration" not in small
+
+
+def test_the_c_plan_gives_the_same_ids_as_the_python_plan():
+    for c in RECORDED["samplers"]:
+        if c["consumed"] != 0:
+            continue
+        loader, sharding = _loader_args(c["kind"])
+        plan = plan_ranks(c["total"], c["micro_batch_size"], c["data_parallel_size"], loader, sharding)
+        c_plan = native_plan(plan)
+        for rank in range(plan.data_parallel_size):
+            ids = rank_ids(plan, rank)
+            for j in range(plan.files_per_rank):
+                assert np.array_equal(native_microbatch_ids(c_plan, rank, j, plan.micro_batch_size), ids[j])
+            with pytest.raises(SamplerError):
+                native_microbatch_ids(c_plan, rank, plan.files_per_rank, plan.micro_batch_size)
+    wide = plan_ranks(100, 2, 3, "cyclic", False)
+    wide64 = type(wide)(**{**wide.__dict__, "permutation": wide.permutation.astype(np.int64)})
+    assert all(np.array_equal(native_microbatch_ids(native_plan(wide64), 1, j, 2), microbatch_ids(wide, 1, j))
+               for j in range(wide.files_per_rank))

@@ -23,7 +23,8 @@ its two algorithms (swap for n < 2**32 / 20, inside-out with 64-bit draws above)
 The mount (`<split>/ranks/RRR/NNNNNNN.bin`) serves, for each rank, the first
 `files = total // (mbs*dp)` micro-batches the rank reads from consumed_samples 0.
 `RankPlan` describes them without listing them: file j of rank r is
-`microbatch_ids(plan, r, j)`. File j is also the first micro-batch Megatron reads
+`microbatch_ids(plan, r, j)` (in C: `mmfs_microbatch_ids` on `native_plan(plan)`,
+native/mmfs_randperm.h). File j is also the first micro-batch Megatron reads
 when it resumes at consumed_samples = j*mbs*dp, for every kind (for unsharded
 cyclic, every rank has at least `files` micro-batches in epoch 0: perm[r::dp] holds
 at least files*mbs ids).
@@ -255,6 +256,39 @@ def plan_splits(training_cfg: Any, split_lengths: dict[str, int]) -> dict[str, R
                           training_cfg.dataloader_type, training_cfg.data_sharding)
         for split, n in split_lengths.items()
     }
+
+
+_KIND_CODES = {"single": lib.MMFS_PLAN_SINGLE, "sharded": lib.MMFS_PLAN_SHARDED,
+               "unsharded": lib.MMFS_PLAN_UNSHARDED}
+
+
+def native_plan(plan: RankPlan):
+    """The plan as the C struct `mmfs_rank_plan *` (native/mmfs_randperm.h), for C
+    code that serves rank files (mmfs_microbatch_ids). The struct points into
+    plan.permutation: keep the plan alive as long as the struct."""
+    c = ffi.new("mmfs_rank_plan *")
+    c.kind = _KIND_CODES[plan.kind]
+    c.micro_batch_size = plan.micro_batch_size
+    c.data_parallel_size = plan.data_parallel_size
+    c.files_per_rank = plan.files_per_rank
+    c.bucket_size = plan.bucket_size
+    perm = plan.permutation
+    if perm is not None and perm.size:
+        if not perm.flags.c_contiguous or perm.dtype not in (np.int32, np.int64):
+            raise ValueError("plan.permutation must be C-contiguous int32 or int64")
+        c.permutation = ffi.cast("void *", perm.ctypes.data)
+        c.permutation_wide = int(perm.dtype == np.int64)
+    return c
+
+
+def native_microbatch_ids(c_plan, rank: int, j: int, micro_batch_size: int) -> np.ndarray:
+    """mmfs_microbatch_ids through cffi (what C callers get); tests compare it with
+    microbatch_ids."""
+    out = np.empty(micro_batch_size, dtype=np.int64)
+    rc = lib.mmfs_microbatch_ids(c_plan, rank, j, ffi.cast("int64_t *", out.ctypes.data))
+    if rc < 0:
+        raise SamplerError(f"micro-batch {j} of rank {rank}: not in the plan (error {rc})")
+    return out
 
 
 def _check_rank(plan: RankPlan, rank: int) -> None:
