@@ -271,10 +271,19 @@ class Mount:
         return np.cumsum([0, *lengths]).astype(np.int32)
 
 
-def _read(path: str) -> bytes:
+def _read(path: str) -> bytearray:
+    """The whole file, in a writable buffer (so arrays over it are writable, as
+    torch.from_numpy wants)."""
     try:
         with open(path, "rb", buffering=0) as f:
-            return f.read()
+            buf = bytearray(os.fstat(f.fileno()).st_size)
+            view, done = memoryview(buf), 0
+            while done < len(buf):
+                n = f.readinto(view[done:])
+                if not n:
+                    raise LoaderError(f"{path}: ended after {done} of {len(buf)} bytes")
+                done += n
+            return buf
     except OSError as exc:
         raise LoaderError(f"{path}: cannot read it: {exc.strerror or exc}") from None
 

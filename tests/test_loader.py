@@ -151,6 +151,7 @@ def test_microbatches_equal_megatrons_samplers(case_dirs, case, path):
         for rank, batches in per_rank.items():
             got = list(mount.microbatches(split, int(rank)))
             assert len(got) == golden["microbatches_per_rank"][split]
+            assert all(g.flags.writeable and g.dtype == mount.dtype for g in got)
             for j, ids in enumerate(batches):
                 expected = np.stack([mount.sample(split, i) for i in ids])
                 assert got[j].shape == (mbs, mount.tokens_per_sample)
