@@ -20,6 +20,7 @@ COMMANDS = {
     "mount": "mmfs.mount:mount_command",
     "umount": "mmfs.mount:umount_command",
     "bench": "mmfs.bench:bench_command",
+    "which": "mmfs.which:which_command",
 }
 
 
@@ -75,6 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", dest="options", default="",
                    help="mount options when benching a config (as for mmfs mount)")
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("which", parents=[common],
+                       help="which samples (and documents, tokens) each rank read at a training iteration")
+    p.add_argument("target", help="a YAML config with a training: block, or an mmfs mount")
+    p.add_argument("--iteration", type=int, required=True, help="Megatron's iteration number (from 1)")
+    p.add_argument("--rank", type=int, help="one data-parallel rank (default: every rank)")
+    p.add_argument("--split", default="train", choices=["train", "valid", "test"])
+    p.add_argument("--microbatch", type=int, help="one micro-batch of the iteration (default: all)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.add_argument("--text", action="store_true", help="decode each piece's tokens")
+    p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json for --text (needs `tokenizers`)")
     return parser
 
 

@@ -34,6 +34,7 @@ TOP_LEVEL_KEYS = {
     "mid_level_dataset_surplus",
     "tokenizer",
     "cache_dir",
+    "training",
 }
 DATASET_KEYS = {"path", "weight", "name"}
 TOKENIZER_KEYS = {"eod", "pad", "vocab_size", "class", "tokenizer_path", "unique_identifiers"}
@@ -79,6 +80,7 @@ class Config:
     tokenizer_identifiers: dict[str, Any]
     cache_dir: str | None  # resolved; None: Megatron's default beside each dataset
     raw: dict[str, Any] = field(default_factory=dict)
+    training: TrainingConfig | None = None  # the optional `training:` block
 
     @property
     def effective_pad(self) -> int:
@@ -120,6 +122,7 @@ class Config:
             "mid_level_dataset_surplus": self.mid_level_dataset_surplus,
             "tokenizer": {"eod": self.eod, "pad": self.pad, **self.tokenizer_identifiers},
             "cache_dir": self.cache_dir,
+            "training": None if self.training is None else self.training.as_dict(),
         }
 
 
@@ -385,12 +388,14 @@ def load_config(path: str) -> Config:
             raise checker.fail("cache_dir", "expected a directory path")
         cache_dir = os.path.normpath(os.path.join(base_dir, cache_dir))
 
+    training = parse_training(raw.get("training"), checker)
+    samples = samples_with_training(_parse_samples(raw.get("samples"), checker), training, checker)
     return Config(
         path=path,
         blend=blend,
         blend_per_split=blend_per_split,
         split=split,
-        samples=_parse_samples(raw.get("samples"), checker),
+        samples=samples,
         sequence_length=sequence_length,
         seed=seed,
         add_extra_token=checker.boolean(
@@ -406,4 +411,122 @@ def load_config(path: str) -> Config:
         tokenizer_identifiers=identifiers,
         cache_dir=cache_dir,
         raw=raw,
+        training=training,
     )
+
+
+# -- the optional `training:` block (Megatron's data-parallel samplers) ------------
+
+TRAINING_KEYS = {
+    "data_parallel_size", "micro_batch_size", "dataloader_type", "data_sharding",
+    "global_batch_size", "train_iters", "eval_interval", "eval_iters",
+}
+DATALOADER_TYPES = ("single", "cyclic")
+MEGATRON_EVAL_ITERS = 100  # megatron's default for --eval-iters
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """How Megatron's data loader hands samples to data-parallel ranks."""
+
+    data_parallel_size: int
+    micro_batch_size: int
+    dataloader_type: str = "single"  # single | cyclic
+    data_sharding: bool = True  # cyclic only; Megatron's default
+    global_batch_size: int | None = None
+    train_iters: int | None = None
+    eval_interval: int | None = None
+    eval_iters: int | None = None  # None: Megatron's default (100) where it is needed
+
+    def derived_samples(self) -> dict[str, int] | None:
+        """Sample counts per split as Megatron derives them from train_iters
+        (get_train_valid_test_num_samples), or None without train_iters."""
+        if self.train_iters is None:
+            return None
+        gbs = self.global_batch_size
+        eval_iters = MEGATRON_EVAL_ITERS if self.eval_iters is None else self.eval_iters
+        return {
+            "train": self.train_iters * gbs,
+            "valid": (self.train_iters // self.eval_interval + 1) * eval_iters * gbs,
+            "test": eval_iters * gbs,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "data_parallel_size": self.data_parallel_size,
+            "micro_batch_size": self.micro_batch_size,
+            "dataloader_type": self.dataloader_type,
+            "data_sharding": self.data_sharding,
+            "global_batch_size": self.global_batch_size,
+            "train_iters": self.train_iters,
+            "eval_interval": self.eval_interval,
+            "eval_iters": self.eval_iters,
+        }
+
+
+def parse_training(value: Any, checker: _Checker) -> TrainingConfig | None:
+    """The `training:` block, checked; None when it is absent."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise checker.fail("training", "expected a mapping {data_parallel_size: N, micro_batch_size: N, ...}")
+    checker.unknown_keys(value, TRAINING_KEYS, "training.")
+
+    def optional_int(key: str, minimum: int) -> int | None:
+        v = value.get(key)
+        return None if v is None else checker.integer(v, f"training.{key}", minimum=minimum)
+
+    for key in ("data_parallel_size", "micro_batch_size"):
+        if value.get(key) is None:
+            raise checker.fail(f"training.{key}", "missing: needed to give each data-parallel rank its micro-batches")
+    dp = optional_int("data_parallel_size", 1)
+    mbs = optional_int("micro_batch_size", 1)
+    kind = value.get("dataloader_type", "single")
+    if kind not in DATALOADER_TYPES:
+        raise checker.fail("training.dataloader_type", f"{kind!r} is not a dataloader type (single or cyclic)")
+    sharding = value.get("data_sharding")
+    if sharding is not None:
+        sharding = checker.boolean(sharding, "training.data_sharding")
+        if kind != "cyclic":
+            raise checker.fail("training.data_sharding", "only applies with dataloader_type: cyclic")
+    gbs = optional_int("global_batch_size", 1)
+    if gbs is not None and gbs % (mbs * dp):
+        raise checker.fail(
+            "training.global_batch_size",
+            f"{gbs} is not a multiple of micro_batch_size x data_parallel_size = {mbs * dp}",
+        )
+    train_iters = optional_int("train_iters", 0)
+    eval_interval = optional_int("eval_interval", 1)
+    eval_iters = optional_int("eval_iters", 0)
+    if train_iters is not None:
+        if gbs is None:
+            raise checker.fail("training.global_batch_size", "missing: train_iters counts iterations of a global batch")
+        if eval_interval is None:
+            raise checker.fail("training.eval_interval", "missing: with train_iters, Megatron sizes the validation "
+                               "split as (train_iters // eval_interval + 1) x eval_iters x global_batch_size")
+    else:
+        for key in ("eval_interval", "eval_iters"):
+            if value.get(key) is not None:
+                raise checker.fail(f"training.{key}", "only used with train_iters (to derive the sample counts)")
+    return TrainingConfig(dp, mbs, kind, True if sharding is None else sharding, gbs, train_iters,
+                          eval_interval, eval_iters)
+
+
+def samples_with_training(samples: dict[str, int | None], training: TrainingConfig | None,
+                          checker: _Checker) -> dict[str, int | None]:
+    """`samples` with the counts train_iters derives filled in; a count given in
+    both places must agree."""
+    derived = None if training is None else training.derived_samples()
+    if derived is None:
+        return samples
+    out = dict(samples)
+    for split, n in derived.items():
+        if out.get(split) is None:
+            out[split] = n
+        elif out[split] != n:
+            raise checker.fail(
+                f"samples.{split}",
+                f"{out[split]} disagrees with training.train_iters, which gives {n} as Megatron derives it; "
+                "give one of them",
+            )
+    return out

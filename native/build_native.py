@@ -9,9 +9,9 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
-HEADERS = ("mmfs_native.h", "mmfs_views.h", "mmfs_fuse.h")
+HEADERS = ("mmfs_native.h", "mmfs_views.h", "mmfs_fuse.h", "mmfs_randperm.h")
 HEADER = "\n".join((HERE / name).read_text() for name in HEADERS)
-
+SOURCES = ("mmfs_native.c", "mmfs_views.c", "mmfs_fuse.c", "mmfs_latency.c", "mmfs_randperm.c")
 
 
 def cdef_line(line: str) -> str:
@@ -29,8 +29,7 @@ ffibuilder.cdef("\n".join(cdef_line(line) for line in HEADER.splitlines()))
 ffibuilder.set_source(
     "mmfs._native",
     "".join(f'#include "{name}"\n' for name in HEADERS),
-    sources=[str(Path("native") / name)
-             for name in ("mmfs_native.c", "mmfs_views.c", "mmfs_fuse.c", "mmfs_latency.c")],
+    sources=[str(Path("native") / name) for name in SOURCES],
     include_dirs=[str(Path("native"))],
     # No FMA contraction: the blending weights must round exactly as Megatron's.
     extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off"],

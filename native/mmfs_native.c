@@ -496,35 +496,29 @@ int mmfs_split_tokens(const void *split, int64_t file, int64_t first, int64_t co
 
 /* ---- micro-batches ----------------------------------------------------- */
 
-int64_t mmfs_microbatch_sample(const mmfs_microbatches *m, int64_t j, int64_t b) {
-    if (!m || !m->split || j < 0 || j >= m->files || b < 0 || b >= m->micro_batch_size ||
-        m->rank < 0 || m->rank >= m->data_parallel_size)
-        return MMFS_E_ARG;
-    int64_t mbs = m->micro_batch_size, id, rc;
-    switch (m->kind) {
-    case 0:
-        id = (j * m->data_parallel_size + m->rank) * mbs + b;
-        break;
-    case 1:
-        if ((rc = array_int(&m->permutation, j * mbs + b, &id)) < 0) return rc;
-        id += m->rank * m->bucket;
-        break;
-    case 2:
-        if ((rc = array_int(&m->permutation, (j * mbs + b) * m->data_parallel_size + m->rank,
-                            &id)) < 0)
-            return rc;
-        break;
-    default:
-        return MMFS_E_ARG;
+int mmfs_microbatch_ids(const mmfs_rank_plan *p, int64_t rank, int64_t j, int64_t *out) {
+    if (!p || !out || p->micro_batch_size < 1 || p->data_parallel_size < 1) return MMFS_E_ARG;
+    int64_t mbs = p->micro_batch_size, dp = p->data_parallel_size;
+    if (rank < 0 || rank >= dp || j < 0 || j >= p->files_per_rank) return MMFS_E_ARG;
+    if (p->kind == MMFS_PLAN_SINGLE) {
+        for (int64_t m = 0; m < mbs; ++m) out[m] = (j * dp + rank) * mbs + m;
+        return MMFS_OK;
     }
-    if (id < 0 || id >= m->split->num_samples) return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, id);
-    return id;
+    if (p->kind != MMFS_PLAN_SHARDED && p->kind != MMFS_PLAN_UNSHARDED) return MMFS_E_ARG;
+    for (int64_t m = 0; m < mbs; ++m) {
+        int64_t at = p->kind == MMFS_PLAN_SHARDED ? j * mbs + m : (j * mbs + m) * dp + rank, v;
+        int rc = array_int(&p->permutation, at, &v);
+        if (rc < 0) return rc;
+        out[m] = p->kind == MMFS_PLAN_SHARDED ? rank * p->bucket_size + v : v;
+    }
+    return MMFS_OK;
 }
 
 int64_t mmfs_microbatch_length(const void *microbatches, int64_t file) {
     const mmfs_microbatches *m = microbatches;
-    if (!m || !m->split || file < 0 || file >= m->files) return MMFS_E_ARG;
-    return m->micro_batch_size * m->split->sample_tokens;
+    if (!m || !m->plan || !m->split || file < 0 || file >= m->plan->files_per_rank)
+        return MMFS_E_ARG;
+    return m->plan->micro_batch_size * m->split->sample_tokens;
 }
 
 int mmfs_microbatch_tokens(const void *microbatches, int64_t file, int64_t first, int64_t count,
@@ -533,17 +527,24 @@ int mmfs_microbatch_tokens(const void *microbatches, int64_t file, int64_t first
     int64_t length = mmfs_microbatch_length(m, file);
     if (length < 0) return (int)length;
     if (first < 0 || count < 0 || first > length || count > length - first) return MMFS_E_ARG;
+    int64_t mbs = m->plan->micro_batch_size, small[MAX_RUN];
+    int64_t *ids = mbs <= MAX_RUN ? small : malloc((size_t)mbs * sizeof(int64_t));
+    if (!ids) return MMFS_E_NOMEM;
+    int rc = mmfs_microbatch_ids(m->plan, m->rank, file, ids);
     int64_t per = m->split->sample_tokens, item = itemsize_of(m->split->out_dtype);
-    for (int64_t t = first; t < first + count;) {
+    for (int64_t t = first; rc >= 0 && t < first + count;) {
         int64_t b = t / per, lo = t - b * per;
         int64_t hi = first + count - b * per < per ? first + count - b * per : per;
-        int64_t id = mmfs_microbatch_sample(m, file, b);
-        if (id < 0) return (int)id;
-        int64_t rc = split_window(m->split, id, lo, hi, out + (t - first) * item);
-        if (rc < 0) return (int)rc;
+        if (ids[b] < 0 || ids[b] >= m->split->num_samples) {
+            rc = fail(MMFS_E_INDEX_RANGE, -1, -1, -1, ids[b]);
+            break;
+        }
+        int64_t got = split_window(m->split, ids[b], lo, hi, out + (t - first) * item);
+        if (got < 0) rc = (int)got;
         t += hi - lo;
     }
-    return MMFS_OK;
+    if (ids != small) free(ids);
+    return rc < 0 ? rc : MMFS_OK;
 }
 
 typedef struct {

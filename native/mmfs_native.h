@@ -124,27 +124,34 @@ typedef struct {
     mmfs_array bounds;
 } mmfs_documents;
 
-/* One data-parallel rank's micro-batches of a split, in the order Megatron's
- * sampler hands them to that rank from consumed_samples 0: file j holds
- * micro_batch_size samples of the split, back to back. Sample b of file j:
- *   single (kind 0):    j * mbs * dp + rank * mbs + b
- *   sharded (kind 1):   rank * bucket + permutation[j * mbs + b]
- *   unsharded (kind 2): permutation[(j * mbs + b) * dp + rank]
- * (see mmfs/sampling/samplers.py). */
+/* The rank views' plan of one split (mmfs/sampling/samplers.py, RankPlan):
+ * file j of data-parallel rank r holds the samples, for m in 0..mbs-1,
+ *   single:    j*mbs*dp + r*mbs + m
+ *   sharded:   r*bucket_size + permutation[j*mbs + m]
+ *   unsharded: permutation[(j*mbs + m)*dp + r] */
+#define MMFS_PLAN_SINGLE 0
+#define MMFS_PLAN_SHARDED 1
+#define MMFS_PLAN_UNSHARDED 2
+
 typedef struct {
-    const mmfs_split *split;
-    int32_t kind;
-    int32_t rank;
+    int32_t kind;               /* MMFS_PLAN_* */
     int64_t micro_batch_size;
     int64_t data_parallel_size;
-    int64_t files;
-    int64_t bucket;
-    mmfs_array permutation;   /* cyclic kinds: torch.randperm(bucket) of epoch 0 */
-} mmfs_microbatches;
+    int64_t files_per_rank;     /* the same for every rank */
+    int64_t bucket_size;        /* entries in permutation (0 for single) */
+    mmfs_array permutation;     /* randperm(bucket_size) of epoch 0; count 0 for single */
+} mmfs_rank_plan;
 
-/* The sample id (in the split) of sample b of micro-batch file j, or a
- * negative error. */
-int64_t mmfs_microbatch_sample(const mmfs_microbatches *m, int64_t j, int64_t b);
+/* out[0..micro_batch_size) = the sample ids of file j of rank r. */
+int mmfs_microbatch_ids(const mmfs_rank_plan *plan, int64_t rank, int64_t j, int64_t *out);
+
+/* One rank's micro-batch files of a split: file j holds its micro_batch_size
+ * samples back to back. */
+typedef struct {
+    const mmfs_rank_plan *plan;
+    const mmfs_split *split;
+    int64_t rank;
+} mmfs_microbatches;
 
 /* Token readers of the mount's views (see mmfs_views.h): the number of tokens
  * in file `file` of ctx, and tokens [first, first + count) of it, written

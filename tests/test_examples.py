@@ -1,0 +1,82 @@
+"""The C and Rust readers of examples/ read a rank's micro-batches (from mmfs.json
+alone) exactly as mmfs.loader does, from the start and on resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from contract_dir import write_contract_dir
+
+from golden_cases import write_case_config
+from mmfs.loader import Mount
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory) -> Path:
+    # int32 tokens (ids above 65535) and a cyclic unsharded sampler
+    base = tmp_path_factory.mktemp("examples")
+    config = write_case_config("p3_multi_epoch_i32", base / "config")
+    raw = yaml.safe_load(config.read_text())
+    raw["training"] = {"data_parallel_size": 2, "micro_batch_size": 3, "dataloader_type": "cyclic",
+                       "data_sharding": False}
+    config.write_text(yaml.safe_dump(raw))
+    return write_contract_dir(config, base / "mount")
+
+
+def _expected(mount: Mount, split: str, rank: int, consumed: int) -> list[str]:
+    start = consumed // (mount.training["micro_batch_size"] * mount.training["data_parallel_size"])
+    out = []
+    for j, batch in enumerate(mount.microbatches(split, rank, consumed), start):
+        flat = batch.astype("int64").ravel()
+        out.append(f"{j} {int(flat.sum())} {int(flat[0])} {int(flat[-1])}")
+    return out
+
+
+def _check(binary: list[str], layout: Path) -> None:
+    mount = Mount(layout)
+    assert mount.dtype.name == "int32"
+    for rank, consumed in [(0, 0), (1, 0), (1, 6 * 40), (0, 6 * 106)]:
+        proc = subprocess.run([*binary, str(layout), "train", str(rank), str(consumed)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines() == _expected(mount, "train", rank, consumed)
+    bad = subprocess.run([*binary, str(layout), "train", "0", "5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "multiple" in bad.stderr
+
+
+def test_c_reader(layout, tmp_path):
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler (cc)")
+    binary = tmp_path / "mmfs_rank_reader"
+    subprocess.run([cc, "-O2", "-Wall", "-Werror", "-o", str(binary), str(EXAMPLES / "c" / "mmfs_rank_reader.c")],
+                   check=True, capture_output=True)
+    _check([str(binary)], layout)
+
+
+def test_rust_reader(layout, tmp_path):
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        pytest.skip("no Rust toolchain (cargo)")
+    env = dict(os.environ, CARGO_TARGET_DIR=str(tmp_path / "target"))
+    build = subprocess.run([cargo, "build", "--release", "--offline", "--quiet"], cwd=EXAMPLES / "rust", env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr
+    _check([str(tmp_path / "target" / "release" / "mmfs-rank-reader")], layout)
+
+
+def test_the_examples_read_only_mmfs_json_fields_the_training_section_has(layout):
+    t = json.loads((layout / "mmfs.json").read_text())["training"]
+    for key in ("micro_batch_size", "data_parallel_size", "rank_name_width", "microbatches",
+                "microbatch_name_width", "ranks_path", "bytes_per_microbatch"):
+        assert key in t
+        assert key in (EXAMPLES / "c" / "mmfs_rank_reader.c").read_text()
+        assert key in (EXAMPLES / "rust" / "src" / "main.rs").read_text()
