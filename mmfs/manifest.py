@@ -3,11 +3,13 @@ place (the mount serves it; `mmfs build --json` prints it)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
 from . import __version__
+from .sampling.samplers import describe_training
 from .views import XATTR_DOCS, dataset_dir, name_width, sample_dir
 
 
@@ -31,9 +33,13 @@ def manifest(corpus: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]
         "datasets": [_dataset(e) for e in corpus.datasets],
         "file_names": "zero-padded decimal id, width max(7, digits of the largest id), then .bin",
         "xattrs": dict(XATTR_DOCS),
-        "config_path": str(corpus.config_path),
+        "config_path": os.path.abspath(str(corpus.config_path)),
         "config": corpus.config_dict,
     }
+    training = corpus.config.training
+    if training is not None:
+        info["training"] = describe_training(
+            training, {name: len(s) for name, s in corpus.splits.items()}, info["bytes_per_sample"])
     info.update(extra or {})
     return info
 

@@ -34,6 +34,7 @@ import numpy as np
 from .errors import MountError
 from .manifest import manifest
 from .native import lib
+from .sampling.samplers import native_plan, plan_splits, rank_name_width
 from .views import (
     XATTR_DATASET,
     XATTR_PIECES,
@@ -41,6 +42,7 @@ from .views import (
     View,
     dataset_dir,
     document_view,
+    microbatch_view,
     name_width,
     sample_view,
     sequence_view,
@@ -136,11 +138,30 @@ def declare_views(corpus: Any, dataset_mtimes: dict[str, int], mtime_ns: int) ->
     """Every view of a corpus: each split's samples, each dataset's documents
     and sequences."""
     views = [sample_view(name, split, mtime_ns) for name, split in corpus.splits.items()]
+    views += rank_views(corpus, mtime_ns)
     sources = {id(s.dataset): s for s in corpus.sources.values()}
     for entry in corpus.datasets:
         _check_name(entry.name, "dataset name")
         source, m = sources[id(entry.dataset)], dataset_mtimes[entry.name]
         views += [document_view(entry.name, source, m), sequence_view(entry.name, source, m)]
+    return views
+
+
+def rank_views(corpus: Any, mtime_ns: int) -> list[View]:
+    """With a `training:` block: every data-parallel rank's micro-batches of each
+    split that has at least one micro-batch per rank."""
+    training = corpus.config.training
+    if training is None:
+        return []
+    plans = plan_splits(training, {name: len(split) for name, split in corpus.splits.items()})
+    width = rank_name_width(training.data_parallel_size)
+    views = []
+    for name, plan in plans.items():
+        if plan.files_per_rank == 0:
+            continue
+        plan_c = native_plan(plan, corpus.placer)
+        views += [microbatch_view(name, corpus.splits[name], plan, plan_c, rank, width, mtime_ns)
+                  for rank in range(training.data_parallel_size)]
     return views
 
 

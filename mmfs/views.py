@@ -32,15 +32,21 @@ MIN_NAME_WIDTH = 7
 # offsets and lengths in tokens).
 XATTR_DATASET = "user.mmfs.dataset"
 XATTR_PIECES = "user.mmfs.pieces"
+XATTR_SAMPLES = "user.mmfs.samples"
 XATTR_DOCS = {
     XATTR_DATASET: "name of the dataset a sample was cut from",
     XATTR_PIECES: "space-separated sequence:offset:length triples, in sample order "
     "(sequence ids of that dataset; offsets and lengths in tokens)",
+    XATTR_SAMPLES: "on a micro-batch file: its sample ids in the split, space-separated, in batch order",
 }
 
 
 def sample_dir(split: str) -> str:
     return f"/{split}/samples"
+
+
+def ranks_dir(split: str) -> str:
+    return f"/{split}/ranks"
 
 
 def dataset_dir(name: str, kind: str) -> str:
@@ -210,3 +216,23 @@ def document_view(name: str, source: Any, mtime_ns: int) -> View:
     return View(dataset_dir(name, "documents"), int(ds.num_documents), ds.dtype, "document",
                 source.documents_c, mtime_ns, total_tokens=lambda: ds.num_tokens, keep=source,
                 describe_file=lambda i: f" (document {i} of {ds.path_prefix})")
+
+
+def microbatch_view(split_name: str, split: Any, plan: Any, plan_c: Any, rank: int, rank_width: int,
+                    mtime_ns: int) -> View:
+    """Data-parallel rank `rank`'s micro-batches of a split, in the order
+    Megatron's sampler hands them to it: `/<split>/ranks/<rank>`."""
+    from .sampling.samplers import microbatch_ids
+
+    c = ffi.new("mmfs_microbatches *")
+    c.plan = plan_c
+    c.split = split.c
+    c.rank = rank
+
+    def xattrs(j: int) -> dict[str, bytes]:
+        return {XATTR_SAMPLES: " ".join(map(str, microbatch_ids(plan, rank, j).tolist())).encode()}
+
+    return View(f"{ranks_dir(split_name)}/{rank:0{rank_width}d}", plan.files_per_rank, split.dtype,
+                "microbatch", c, mtime_ns, file_tokens=plan.micro_batch_size * split.sample_tokens,
+                xattr_names=(XATTR_SAMPLES,), xattrs=xattrs, keep=(split, plan, plan_c),
+                describe_file=lambda j: f" (rank {rank}, samples {microbatch_ids(plan, rank, j).tolist()})")

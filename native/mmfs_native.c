@@ -388,7 +388,7 @@ static int walk_sample(const mmfs_gpt *g, int64_t k, int64_t t0, int64_t t1,
         int64_t length = pos == end ? end_off + g->extra - offset : seq_len - offset;
         if (length < 0 || offset + length > seq_len)
             return fail(MMFS_E_INDEX_RANGE, -1, -1, seq, offset + length);
-        if (at + length > t0) {
+        if (at + length > t0 || (length == 0 && at >= t0)) { /* empty pieces count too */
             if ((rc = sequence_byte(src, seq, offset + length, &byte)) < 0) return rc;
             byte += offset * itemsize_of(src->dtype);
             if ((rc = piece(ctx, seq, byte, offset, length, at)) < 0) return rc;

@@ -132,3 +132,9 @@ __all__ = [
     "Mount", "errno", "force_unmount", "is_mounted", "mmfs", "mounted", "pid_alive",
     "start_mount", "stat_errno", "stop_mount", "wait_gone",
 ]
+
+
+def mount_in(stack: contextlib.ExitStack, config: str | os.PathLike, mountpoint: str | os.PathLike,
+             *extra: str) -> Path:
+    """Mount for as long as `stack` lasts (a module-scoped fixture's); the mount point."""
+    return stack.enter_context(mounted(config, mountpoint, *extra)).path

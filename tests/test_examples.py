@@ -3,24 +3,26 @@ alone) exactly as mmfs.loader does, from the start and on resume."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from contract_dir import write_contract_dir
 
 from golden_cases import write_case_config
 from mmfs.loader import Mount
+from mount_fixtures import mount_in
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 @pytest.fixture(scope="module")
-def layout(tmp_path_factory) -> Path:
+def layout(tmp_path_factory) -> Iterator[Path]:
     # int32 tokens (ids above 65535) and a cyclic unsharded sampler
     base = tmp_path_factory.mktemp("examples")
     config = write_case_config("p3_multi_epoch_i32", base / "config")
@@ -28,7 +30,8 @@ def layout(tmp_path_factory) -> Path:
     raw["training"] = {"data_parallel_size": 2, "micro_batch_size": 3, "dataloader_type": "cyclic",
                        "data_sharding": False}
     config.write_text(yaml.safe_dump(raw))
-    return write_contract_dir(config, base / "mount")
+    with contextlib.ExitStack() as stack:
+        yield mount_in(stack, config, base / "mnt")
 
 
 def _expected(mount: Mount, split: str, rank: int, consumed: int) -> list[str]:

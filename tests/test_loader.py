@@ -1,10 +1,10 @@
 """mmfs.loader against megatron-core 0.19.2's outputs: GPTDataset.__getitem__
 (golden getitem-*.npz, and the recorded uint16 / EOD 65535 / pad -1 case) and the
-samplers' micro-batches (golden ranks-*.json), read from a real mount and from
-directories laid out per the mount's contract (contract_dir.py)."""
+samplers' micro-batches (golden ranks-*.json), read from real mounts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from contract_dir import write_contract_dir
 
 from golden_cases import PUBLIC, load_case, write_case_config
 from mmfs.loader import LoaderError, Mount
-from mount_fixtures import mounted
+from mount_fixtures import mount_in, mounted
 
 REFERENCE = Path(__file__).parent / "reference"
 VARIANT_FLAGS = ("eod_mask_loss", "reset_position_ids", "reset_attention_mask", "create_attention_mask",
@@ -33,8 +32,9 @@ def _with_training(config: Path, training: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def case_dirs(tmp_path_factory):
-    """case -> a contract directory of that golden case (built once per module)."""
+    """case -> a mount of that golden case (mounted once per module)."""
     made: dict[str, Path] = {}
+    stack = contextlib.ExitStack()
 
     def get(case: str, training: dict | None = None) -> Path:
         key = case + json.dumps(training, sort_keys=True)
@@ -43,10 +43,11 @@ def case_dirs(tmp_path_factory):
             config = write_case_config(case, base / "config")
             if training:
                 _with_training(config, training)
-            made[key] = write_contract_dir(config, base / "mount")
+            made[key] = mount_in(stack, config, base / "mnt")
         return made[key]
 
-    return get
+    with stack:
+        yield get
 
 
 def _flags(case: str, variant: str) -> dict:

@@ -15,6 +15,7 @@ import subprocess
 import fuse as fusepy
 import numpy as np
 import pytest
+import yaml
 
 from golden_cases import GOLDEN, write_case_config
 from mmfs.errors import MountError
@@ -194,3 +195,35 @@ def test_a_dataset_rewritten_under_the_mount_gives_eio_not_a_dead_daemon(tmp_pat
         assert (samples / "0000000.bin").read_bytes() == first  # in the page cache: still served
         assert json.loads((m.path / "mmfs.json").read_bytes())  # the daemon still answers
         assert os.path.exists(f"/proc/{m.pid}")
+
+
+@pytest.mark.parametrize("sampler", [{"dataloader_type": "single"},
+                                     {"dataloader_type": "cyclic", "data_sharding": True},
+                                     {"dataloader_type": "cyclic", "data_sharding": False}])
+def test_rank_files_are_their_samples_back_to_back(tmp_path, sampler):
+    """Every micro-batch file of every rank, read whole and in blocks that cut
+    tokens, is its samples' files concatenated; its xattr lists them."""
+    config = write_case_config("p2_blend2_u16", tmp_path)
+    raw = yaml.safe_load(config.read_text())
+    raw["training"] = {"data_parallel_size": 3, "micro_batch_size": 2, **sampler}
+    config.write_text(yaml.safe_dump(raw))
+    with mounted(config, tmp_path / "mnt", "-o", "map_limit_mb=0") as m:
+        info = json.loads((m.path / "mmfs.json").read_text())["training"]
+        for split, files in info["microbatches"].items():
+            ranks = m.path / split / "ranks"
+            assert ranks.is_dir() == (files > 0)
+            if not files:
+                continue
+            assert sorted(os.listdir(ranks)) == ["000", "001", "002"]
+            for rank in ranks.iterdir():
+                names = sorted(os.listdir(rank))
+                assert len(names) == files
+                for name in names[::3]:
+                    ids = [int(i) for i in os.getxattr(rank / name, "user.mmfs.samples").split()]
+                    want = b"".join((m.path / split / "samples" / f"{i:07d}.bin").read_bytes() for i in ids)
+                    assert (rank / name).stat().st_size == len(want) == info["bytes_per_microbatch"]
+                    with open(rank / name, "rb", buffering=0) as f:
+                        assert f.read() == want
+                        for off in (1, 3, len(want) // 2 + 1):
+                            f.seek(off)
+                            assert f.read(333) == want[off : off + 333]

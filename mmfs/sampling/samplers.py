@@ -55,6 +55,7 @@ import numpy as np
 
 from ..errors import MmfsError
 from ..native import ffi, lib
+from ..views import name_width, ranks_dir
 from .arrays import ArrayPlacer
 
 KINDS = ("single", "sharded", "unsharded")
@@ -372,8 +373,6 @@ def describe_training(training_cfg: Any, split_lengths: dict[str, int], bytes_pe
     training_cfg: the config's TrainingConfig (config.training);
     split_lengths: {split: samples} of the splits the mount shows (Corpus.splits);
     bytes_per_sample: the size of one sample file."""
-    from ..tree import name_width  # the one rule for file names
-
     mbs, dp = training_cfg.micro_batch_size, training_cfg.data_parallel_size
     files = {split: int(n) // (mbs * dp) for split, n in split_lengths.items()}
     out: dict[str, Any] = dict(training_cfg.as_dict())
@@ -382,7 +381,7 @@ def describe_training(training_cfg: Any, split_lengths: dict[str, int], bytes_pe
         rank_name_width=rank_name_width(dp),
         microbatches=files,
         microbatch_name_width={split: name_width(f) for split, f in files.items()},
-        ranks_path={split: f"{split}/ranks" for split, f in files.items() if f > 0},
+        ranks_path={split: ranks_dir(split).lstrip("/") for split, f in files.items() if f > 0},
         bytes_per_microbatch=mbs * int(bytes_per_sample),
     )
     if training_cfg.global_batch_size is not None:
