@@ -437,6 +437,64 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# -- micro-batch files -------------------------------------------------------------
+
+
+def bench_microbatches(config: str, sizes: list[int], n: int, options: str = "",
+                       data_parallel_size: int = 8) -> list[str]:
+    """Rank 0's micro-batch files (`<split>/ranks/000/`, Megatron's default
+    sampler) against the same samples read as single sample files, both cold,
+    one reader, taking turns slice by slice; one mount per micro-batch size, of
+    the config with a `training:` block added. Returns the lines to print."""
+    import yaml
+
+    with open(config) as f:
+        raw = yaml.safe_load(f)
+    lines = [f"micro-batch files of rank 0 (data_parallel_size {data_parallel_size}, dataloader "
+             "single) vs single sample files, the same samples, cold, 1 reader:"]
+    for mbs in sizes:
+        raw["training"] = {"data_parallel_size": data_parallel_size, "micro_batch_size": mbs}
+        variant = os.path.join(os.path.dirname(os.path.abspath(config)), f".mmfs-bench-mbs{mbs}.yaml")
+        with open(variant, "w") as f:
+            yaml.safe_dump(raw, f, sort_keys=False)
+        try:
+            files, rates = _microbatch_rates(variant, n, options)
+        finally:
+            os.unlink(variant)
+        lines.append(f"  micro_batch_size {mbs}: {rates['micro-batch files']:,.0f} samples/s in micro-batch "
+                     f"files, {rates['sample files']:,.0f} in sample files: "
+                     f"{rates['micro-batch files'] / rates['sample files']:.2f}x ({files} files)")
+    return lines
+
+
+def _microbatch_rates(config: str, n: int, options: str) -> tuple[int, dict[str, float]]:
+    """(files read, samples/s by method) for bench_microbatches."""
+    from .sampling import open_corpus
+
+    sources = open_corpus(config, progress=False).placer.files()
+    with temporary_mount(config, options) as (mount, _pid):
+        with open(os.path.join(mount, "mmfs.json")) as f:
+            info = json.load(f)
+        t = info["training"]
+        mbs, step = t["micro_batch_size"], t["micro_batch_size"] * t["data_parallel_size"]
+        files = min(n // mbs, t["microbatches"]["train"])
+        width, fwidth = info["splits"]["train"]["name_width"], t["microbatch_name_width"]["train"]
+        rank0 = os.path.join(mount, t["ranks_path"]["train"], f"{0:0{t['rank_name_width']}d}")
+        size, batch = info["bytes_per_sample"], t["bytes_per_microbatch"]
+        methods = {
+            "micro-batch files": (lambda part: [os.path.join(rank0, f"{int(j):0{fwidth}d}.bin") for j in part],
+                                  lambda paths: read_files(paths, batch)),
+            "sample files": (lambda part: sample_paths(mount, "train", width, np.concatenate(
+                [np.arange(j * step, j * step + mbs) for j in part])), lambda paths: read_files(paths, size)),
+        }
+        read_through(sources)
+        seconds = dict.fromkeys(methods, 0.0)
+        for part in np.array_split(np.arange(files), SLICES):
+            for name, (make, fn) in methods.items():
+                seconds[name] += run_parallel(fn, [make(part)])
+    return files, {name: files * mbs / sec for name, sec in seconds.items()}
+
+
 # -- entry points ----------------------------------------------------------------
 
 
@@ -497,8 +555,14 @@ def temporary_mount(config: str, options: str = "") -> Iterator[tuple[str, int]]
 def bench_command(args: argparse.Namespace) -> int:
     """`mmfs bench TARGET [-n N] [--readers 1,2,4] [--json]`."""
     single_threaded_libraries()
-    result = run(args.target, args.samples, _parse_readers(args.readers),
-                 getattr(args, "options", "") or "")
+    options = getattr(args, "options", "") or ""
+    sizes = _parse_readers(args.microbatches) if getattr(args, "microbatches", None) else []
+    if sizes:
+        if os.path.isdir(args.target):
+            raise MmfsError("--microbatches needs a config (it mounts it with a training: block)")
+        print("\n".join(bench_microbatches(args.target, sizes, args.samples, options)))
+        return 0
+    result = run(args.target, args.samples, _parse_readers(args.readers), options)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 0
 

@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--readers", default="1,2,4", help="reader process counts")
     p.add_argument("-o", dest="options", default="",
                    help="mount options when benching a config (as for mmfs mount)")
+    p.add_argument("--microbatches", metavar="SIZES",
+                   help="instead: rank 0's micro-batch files of these sizes (e.g. 4,8) vs sample files")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("which", parents=[common],
