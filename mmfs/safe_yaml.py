@@ -207,8 +207,9 @@ def read_yaml(path: str) -> Any:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save the config as UTF-8") \
             from None
-    loader = ConfigLoader(text)
+    loader = None
     try:
+        loader = ConfigLoader(text)  # checks the characters already
         raw = loader.get_single_data()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -219,7 +220,8 @@ def read_yaml(path: str) -> Any:
     except RecursionError:  # depth is limited above; this is a last line of defence
         raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     check_plain(raw, path)
     return raw
 
