@@ -4,6 +4,7 @@ uses are checked before they are indexed: an impossible request or a corrupt
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -188,3 +189,26 @@ def test_closed_stdout_pipe_is_quiet(tmp_path, argv):
     finally:
         os.close(write_end)
     assert run.stderr == "" and run.returncode == 141
+
+
+def test_long_sample_prints_in_chunks_as_one_json_document(tmp_path):
+    path = write(str(tmp_path), BASE.replace("sequence_length: 64", "sequence_length: 70000")
+                 .replace("{train: 100, valid: 10, test: 5}", "{train: 2, valid: 1, test: 1}")
+                 .replace('"90,8,2"', '"100,0,0"'))
+    code, out, _ = run_cli("sample", path, "1")
+    assert code == 0
+    printed = json.loads(out)
+    reader = open_corpus(path, progress=False).splits["train"]
+    assert printed["tokens"] == reader.tokens(1).tolist() and len(printed["tokens"]) == 70001
+    assert printed["pieces"] == [{"sequence": s, "offset": o, "length": n}
+                                 for s, o, n in reader.provenance(1)[1]]
+
+
+def test_sample_too_long_to_print_is_refused(tmp_path, monkeypatch):
+    from mmfs.sampling import commands
+
+    monkeypatch.setattr(commands, "MAX_PRINTED_TOKENS", 64)  # samples here hold 65
+    path = write(str(tmp_path), BASE)
+    code, out, err = run_cli("sample", path, "0")
+    assert_one_line_error(code, err, path, "sequence_length: a sample of 65 tokens")
+    assert out == ""

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from ..errors import ConfigError, FormatError, MmfsError, NativeError
 from .corpus import open_corpus
-from .gpt import check_sequences
+from .gpt import check_sequences, gib
+
+MAX_PRINTED_TOKENS = 1 << 27  # 512 MiB of uint32; a bigger sample is read from a mount
+PRINT_CHUNK = 1 << 16  # tokens turned into text at a time
 
 
 def build_command(args) -> int:
@@ -35,6 +39,10 @@ def sample_command(args) -> int:
     if not 0 <= args.index < len(reader):
         raise ConfigError(f"{args.config}: {args.split} has {len(reader)} samples; "
                           f"{args.index} is out of range")
+    if reader.sample_tokens > MAX_PRINTED_TOKENS:
+        raise ConfigError(f"{args.config}: sequence_length: a sample of {reader.sample_tokens:,} "
+                          f"tokens ({gib(reader.sample_bytes)}) is too large to print as JSON "
+                          f"(at most {MAX_PRINTED_TOKENS:,}); read it from a mount instead")
     try:
         name, pieces = reader.provenance(args.index)
         tokens = reader.tokens(args.index)
@@ -42,13 +50,20 @@ def sample_command(args) -> int:
         detail = unreadable_sample(reader, args.index) or str(exc)
         raise NativeError(f"{args.config}: {args.split} sample {args.index} cannot be read: "
                           f"{detail}") from None
-    print(json.dumps({
+    head = json.dumps({
         "split": args.split,
         "index": args.index,
         "dataset": name,
         "pieces": [{"sequence": s, "offset": o, "length": n} for s, o, n in pieces],
-        "tokens": tokens.tolist(),
-    }))
+        "tokens": [],
+    })
+    # json.dumps's own layout, with the tokens written a chunk at a time
+    out = sys.stdout
+    out.write(head[: -len("[]}")] + "[")
+    for start in range(0, tokens.size, PRINT_CHUNK):
+        text = json.dumps(tokens[start : start + PRINT_CHUNK].tolist())[1:-1]
+        out.write((", " if start else "") + text)
+    out.write("]}\n")
     return 0
 
 
