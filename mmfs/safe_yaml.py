@@ -108,10 +108,13 @@ class ConfigLoader(yaml.SafeLoader):
 
     def construct_yaml_int(self, node):
         text = self.construct_scalar(node)
-        if isinstance(text, str) and len(text) > MAX_INT_DIGITS:
-            return _Refused(f"an integer of {len(text)} characters", text[:20] + "...",
+        too_long = _Refused(f"an integer of {len(text)} characters", text[:20] + "...",
                             "no key takes a number this large")
-        return super().construct_yaml_int(node)
+        if isinstance(text, str) and len(text) > MAX_INT_DIGITS:
+            return too_long
+        value = super().construct_yaml_int(node)
+        # hex and octal digits make longer decimals, which str() and json refuse
+        return too_long if value.bit_length() > MAX_INT_DIGITS * 3 else value
 
     def _refuse(what, advice):  # a constructor factory, used in the class body only
         def construct(self, node):
