@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..formats.chunks import element_offset
+from ..formats.chunks import element_offset, iter_array
 from ..native import check, ffi, lib, pointer
 
 log = logging.getLogger(__name__)
@@ -179,29 +179,34 @@ def build_gpt_indices(lengths: np.ndarray, p: GptParams, label: str) -> dict[str
 # -- before building: is the input sound, and do the indices fit? -------------------
 
 ANNOUNCE_BYTES = 256 << 20  # steps over this many bytes are announced before they run
-CHECK_CHUNK = 1 << 22  # sequences checked per numpy pass (bounded temporary memory)
+CHECK_CHUNK = 1 << 20  # sequences checked per numpy pass (bounded temporary memory)
 
 
 def gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:,.1f} GiB" if nbytes >= 2**30 / 10 else f"{nbytes / 2**20:,.1f} MiB"
 
 
-def check_sequences(dataset, beg: int, end: int) -> None:
-    """Raise FormatError naming the file, the sequence and the byte offset unless
-    every sequence in [beg, end) has a length >= 0 and its tokens lie inside the
-    token data. O(1) per sequence, vectorised; the C reader would otherwise fail
-    (EIO) on the first sample that reaches a bad sequence."""
+def check_sequences(dataset, beg: int, end: int) -> int:
+    """The tokens in sequences [beg, end); raise FormatError naming the file, the
+    sequence and the byte offset unless every one has a length >= 0 and its tokens
+    inside the token data. O(1) per sequence, vectorised; the C reader would
+    otherwise fail (EIO) on the first sample that reaches a bad sequence."""
     lo, hi = dataset.data_section
     item = dataset.dtype.itemsize
     verify = f"run `mmfs verify {dataset.path_prefix}`"
-    for start in range(beg, end, CHECK_CHUNK):
-        stop = min(end, start + CHECK_CHUNK)
-        lengths = np.asarray(dataset.sequence_lengths[start:stop], dtype=np.int64)
-        pointers = np.asarray(dataset.sequence_pointers[start:stop], dtype=np.int64)
+    # read with plain file reads, not through the maps: a long-lived process that
+    # built the indices (the mount) keeps no pointer pages resident for it
+    chunks = zip(iter_array(dataset, "sequence_lengths", CHECK_CHUNK, beg, end),
+                 iter_array(dataset, "sequence_pointers", CHECK_CHUNK, beg, end))
+    tokens = 0
+    for (start, lengths), (_, pointers) in chunks:
+        lengths = lengths.astype(np.int64)
+        pointers = pointers.astype(np.int64, copy=False)
         # clip so that a wild pointer cannot overflow; the real value is reported
         ends = np.clip(pointers, lo, hi) + np.maximum(lengths, 0) * item
         bad = (lengths < 0) | (pointers < lo) | (pointers > hi) | (ends > hi)
         if not bad.any():
+            tokens += int(lengths.sum())
             continue
         i = int(np.argmax(bad))
         seq, length, ptr = start + i, int(lengths[i]), int(pointers[i])
@@ -214,6 +219,7 @@ def check_sequences(dataset, beg: int, end: int) -> None:
             f"({element_offset(dataset, 'sequence_pointers', seq)} of {dataset.idx_path} is "
             f"{ptr}, length {length}), outside the token data (bytes {lo}..{hi}); the index is "
             f"corrupt or does not belong to this data file ({verify})")
+    return tokens
 
 
 @dataclass(frozen=True)
@@ -289,8 +295,7 @@ def check_gpt_build(dataset, p: GptParams, cache_folder: str | None, config_path
     """Before one GPTDataset is built: its sequences are sound (check_sequences) and
     its indices fit in memory and in the cache folder, else one line naming the key
     (samples.<split>, or the dataset for a one-epoch split) and the sizes."""
-    check_sequences(dataset, p.beg, p.end)
-    tokens = int(np.asarray(dataset.sequence_lengths[p.beg : p.end]).sum(dtype=np.int64))
+    tokens = check_sequences(dataset, p.beg, p.end)
     if tokens <= 0:
         return  # the builder names an empty split
     size = predict_gpt_size(p, plan_epochs(p, tokens))
