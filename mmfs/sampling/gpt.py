@@ -200,14 +200,20 @@ def check_sequences(dataset, beg: int, end: int) -> int:
                  iter_array(dataset, "sequence_pointers", CHECK_CHUNK, beg, end))
     tokens = 0
     for (start, lengths), (_, pointers) in chunks:
+        if not lengths.size:
+            continue
+        # the common, sound case in a few reductions (pointers <= hi cannot overflow)
+        if int(lengths.min()) >= 0 and int(pointers.min()) >= lo and int(pointers.max()) <= hi:
+            ends = np.multiply(lengths, item, dtype=np.int64)
+            ends += pointers
+            if int(ends.max()) <= hi:
+                tokens += int(lengths.sum(dtype=np.int64))
+                continue
         lengths = lengths.astype(np.int64)
         pointers = pointers.astype(np.int64, copy=False)
         # clip so that a wild pointer cannot overflow; the real value is reported
         ends = np.clip(pointers, lo, hi) + np.maximum(lengths, 0) * item
         bad = (lengths < 0) | (pointers < lo) | (pointers > hi) | (ends > hi)
-        if not bad.any():
-            tokens += int(lengths.sum())
-            continue
         i = int(np.argmax(bad))
         seq, length, ptr = start + i, int(lengths[i]), int(pointers[i])
         if length < 0:
