@@ -139,9 +139,9 @@ def test_config_file_that_is_not_a_regular_file(tmp_path):
 
 
 def test_oversized_config(tmp_path):
-    path = write(str(tmp_path), BASE + "# " + "x" * (5 << 20) + "\n")
+    path = write(str(tmp_path), BASE + "# " + "x" * (3 << 20) + "\n")
     code, _, err = run_cli("build", path)
-    assert_one_line_error(code, err, path, "larger than")
+    assert_one_line_error(code, err, path, "larger than 2 MiB")
 
 
 def test_without_eod_mount_refuses_before_the_daemon(tmp_path):
