@@ -10,6 +10,10 @@ import sys
 from . import __version__
 from .errors import MmfsError
 
+# Characters that end a line (str.splitlines): escaped in an error message, so that
+# a file name holding one still gives a single line.
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+
 # subcommand -> "module:function"; the function takes the parsed args and
 # returns an exit code.
 COMMANDS = {
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except MmfsError as exc:
-        print(f"mmfs: error: {exc}", file=sys.stderr)
+        print(f"mmfs: error: {str(exc).translate(_LINE_BREAKS)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -91,6 +91,8 @@ REFUSED = {
     "alias cycle": (BASE.replace("pad: null", "pad: null, unique_identifiers: &c {a: *c}"), "cycle"),
     "explicit tag that does not convert": (BASE.replace("eod: 50256", "eod: !!int twelve"), "line 5"),
     "integer key": (BASE + "7: x\n", "7: unknown key"),
+    "line breaks in a dataset path": (BASE.replace("data/u16_docs", '"data/u\\x1e1\\n6"'),
+                                      "datasets[0].path: no dataset at"),
     "bool is not an int": (BASE.replace("sequence_length: 64", "sequence_length: true"),
                            "sequence_length"),
     "seed 2**32": (BASE + "seed: 4294967296\n", "seed: must be at most 4294967295"),
