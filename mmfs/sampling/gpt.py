@@ -308,13 +308,15 @@ def check_gpt_build(dataset, p: GptParams, cache_folder: str | None, config_path
     if p.num_samples is not None:
         key = f"samples.{p.split}"
         what = (f"{p.num_samples:,} {p.split} samples from {p.dataset_path} "
-                f"({size.epochs:,} epochs of {p.end - p.beg:,} sequences)")
-        fix = f"lower {key}"
+                f"({size.epochs:,} epochs of {p.end - p.beg:,} sequences) need")
     else:
         key = p.dataset_path
-        what = f"one epoch of the {p.split} split ({size.samples:,} samples)"
-        fix = f"run `mmfs verify {dataset.path_prefix}`"
-    prefix = f"{config_path}: {key}: {what} need"
+        what = f"one epoch of its {p.split} split ({size.samples:,} samples) needs"
+    # one epoch is the least Megatron builds, whatever the sample count
+    fix = (f"lower {key}" if size.epochs > 1 else
+           f"give the {p.split} split a smaller share of `split`, or check the dataset "
+           f"(`mmfs verify {dataset.path_prefix}`)")
+    prefix = f"{config_path}: {key}: {what}"
     memory, source = available_memory()
     if size.peak > memory:
         raise ConfigError(
