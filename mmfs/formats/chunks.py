@@ -27,8 +27,9 @@ def iter_array(ds, name: str, chunk: int = CHUNK, begin: int = 0,
     layout = getattr(ds, "array_layout", {}).get(name)
     if layout is None:  # an in-memory array (.pbin): slicing costs nothing
         arr = getattr(ds, name)
-        for start in range(begin, len(arr) if end is None else end, chunk):
-            yield start, np.asarray(arr[start : min(start + chunk, len(arr) if end is None else end)])
+        stop = len(arr) if end is None else min(end, len(arr))
+        for start in range(begin, stop, chunk):
+            yield start, np.asarray(arr[start : min(start + chunk, stop)])
         return
     offset, dtype, count = layout
     count = count if end is None else min(end, count)
