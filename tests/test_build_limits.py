@@ -212,3 +212,21 @@ def test_sample_too_long_to_print_is_refused(tmp_path, monkeypatch):
     code, out, err = run_cli("sample", path, "0")
     assert_one_line_error(code, err, path, "sequence_length: a sample of 65 tokens")
     assert out == ""
+
+
+@pytest.mark.parametrize("begin,end,chunk", [(0, None, 7), (5, 40, 3), (123, 124, 1), (499, None, 1 << 20)])
+def test_iter_array_ranges(tmp_path, begin, end, chunk):
+    """The range the sequence check streams matches a slice, from a file or from memory."""
+    from mmfs.formats import open_dataset
+    from mmfs.formats.chunks import iter_array
+    from mmfs.formats.writer import write_packed
+
+    indexed = open_dataset(GOLDEN / "data" / "u16_small")
+    write_packed(str(tmp_path / "p.pbin"), [np.arange(n, dtype=np.uint16) for n in range(1, 501)],
+                 token_size=2)
+    for ds in (indexed, open_dataset(tmp_path / "p.pbin")):
+        for name in ("sequence_lengths", "sequence_pointers"):
+            parts = list(iter_array(ds, name, chunk, begin, end))
+            got = np.concatenate([a for _, a in parts])
+            assert got.tolist() == np.asarray(getattr(ds, name))[begin:end].tolist()
+            assert [s for s, _ in parts] == list(range(begin, begin + len(got), chunk))
