@@ -4,11 +4,16 @@ module that does the work. User errors (MmfsError) print one line, exit 2."""
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from . import __version__
 from .config import SPLITS
 from .errors import MmfsError
+
+# Characters that end a line (str.splitlines): escaped in an error message, so that
+# a file name holding one still gives a single line.
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
 
 # subcommand -> "module:function"; the function takes the parsed args and
 # returns an exit code.
@@ -99,12 +104,21 @@ def main(argv: list[str] | None = None) -> int:
     module_name, func_name = COMMANDS[args.command].split(":")
     try:
         func = getattr(importlib.import_module(module_name), func_name)
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
     except MmfsError as exc:
-        print(f"mmfs: error: {exc}", file=sys.stderr)
+        print(f"mmfs: error: {str(exc).translate(_LINE_BREAKS)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`mmfs sample ... | head`): stop quietly, as a tool
+        # killed by SIGPIPE would; stdout goes to /dev/null so the final flush is silent.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + 13
 
 
 if __name__ == "__main__":

@@ -8,14 +8,15 @@ goes into Megatron's cache description (and so into the cache file names).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from .errors import ConfigError
+from .formats.base import file_problem
+from .safe_yaml import read_yaml, show
 
 SPLITS = ("train", "valid", "test")
 
@@ -37,6 +38,8 @@ TOP_LEVEL_KEYS = {
     "training",
 }
 DATASET_KEYS = {"path", "weight", "name"}
+INT64_MAX = 2**63 - 1  # Megatron holds sample counts and token ids in int64
+MAX_SURPLUS = 1e9  # far above any use; keeps (1 + surplus) * samples finite
 TOKENIZER_KEYS = {"eod", "pad", "vocab_size", "class", "tokenizer_path", "unique_identifiers"}
 
 
@@ -135,29 +138,48 @@ class _Checker:
     def fail(self, key: str, message: str) -> ConfigError:
         return ConfigError(f"{self.path}: {key}: {message}")
 
-    def integer(self, value: Any, key: str, minimum: int | None = None) -> int:
+    def integer(self, value: Any, key: str, minimum: int | None = None,
+                maximum: int | None = INT64_MAX, why: str = "") -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(key, f"expected an integer, got {value!r}")
+            raise self.fail(key, f"expected an integer, got {show(value)}")
         if minimum is not None and value < minimum:
-            raise self.fail(key, f"must be at least {minimum}, got {value}")
+            raise self.fail(key, f"must be at least {minimum}, got {show(value)}")
+        if maximum is not None and value > maximum:
+            raise self.fail(key, f"must be at most {maximum}{why}, got {show(value)}")
         return value
 
     def boolean(self, value: Any, key: str) -> bool:
         if not isinstance(value, bool):
-            raise self.fail(key, f"expected true or false, got {value!r}")
+            raise self.fail(key, f"expected true or false, got {show(value)}")
         return value
 
     def number(self, value: Any, key: str) -> float:
+        """A finite float (ints convert); NaN, infinity and bools are refused."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.fail(key, f"expected a number, got {value!r}")
-        return float(value)
+            raise self.fail(key, f"expected a number, got {show(value)}")
+        try:
+            number = float(value)
+        except OverflowError:
+            number = float("inf")
+        if not math.isfinite(number):
+            raise self.fail(key, f"expected a finite number, got {show(value)}")
+        return number
 
     def unknown_keys(self, mapping: dict, allowed: set[str], where: str) -> None:
-        extra = sorted(set(mapping) - allowed)
+        extra = sorted((k for k in mapping if k not in allowed), key=repr)
         if extra:
+            name = extra[0] if isinstance(extra[0], str) and len(extra[0]) <= 60 \
+                and extra[0].isprintable() else show(extra[0])
             raise self.fail(
-                f"{where}{extra[0]}", f"unknown key (allowed: {', '.join(sorted(allowed))})"
+                f"{where}{name}", f"unknown key (allowed: {', '.join(sorted(allowed))})"
             )
+
+    def path_text(self, value: Any, key: str, what: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(key, f"expected {what}, got {show(value)}")
+        if "\0" in value:
+            raise self.fail(key, f"{show(value)} holds a NUL byte; give {what}")
+        return value
 
 
 def parse_split(text: str, checker: _Checker) -> list[float]:
@@ -169,37 +191,53 @@ def parse_split(text: str, checker: _Checker) -> list[float]:
     try:
         parts = [float(p) for p in re.findall(r"[.0-9]+", text)]
     except ValueError:
-        raise checker.fail("split", f"{text!r} has a part that is not a number") from None
+        raise checker.fail("split", f"{show(text)} has a part that is not a number") from None
     parts += [0.0] * (3 - len(parts))
+    if not math.isfinite(sum(parts)):
+        raise checker.fail("split", f"{show(text)} has a part too large for a float; "
+                                    "write shares like \"969,30,1\"")
     if sum(parts) <= 0:
-        raise checker.fail("split", f"{text!r} gives every split a zero share")
+        raise checker.fail("split", f"{show(text)} gives every split a zero share")
     return parts
 
 
-def _dataset_file_exists(file: str) -> bool:
+def _dataset_problem(file: str) -> str | None:
+    """Why there is no dataset at `file` (a .pbin, or a prefix / .idx / .bin), or None."""
     if file.endswith(".pbin"):
-        return os.path.isfile(file)
+        problem = file_problem(file)
+        return None if problem is None else f"{file} {problem}"
     prefix = file[:-4] if file.endswith((".bin", ".idx")) else file
-    return os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")
+    problems = {p: file_problem(p) for p in (prefix + ".bin", prefix + ".idx")}
+    if all(v == "file not found" for v in problems.values()):
+        return f"no dataset at {file} (expected {file}.bin and {file}.idx, or a .pbin file)"
+    return next((f"{p}: {v}" for p, v in problems.items() if v is not None), None)
 
 
 def _parse_data_path(text: str, checker: _Checker, key: str) -> list[dict]:
-    """Megatron's string form: "PREFIX" or "W1 PREFIX1 W2 PREFIX2 ..."."""
+    """Megatron's string form (get_blend_from_list): "PREFIX ...", or "W1 PREFIX1 W2
+    PREFIX2 ..." when the word count is even and the first word is a number."""
     words = text.split()
     if not words:
         raise checker.fail(key, "is empty")
-    if len(words) == 1:
-        return [{"path": words[0]}]
     if len(words) % 2:
-        raise checker.fail(key, "expected pairs of WEIGHT PATH, e.g. \"0.7 data/a 0.3 data/b\"")
-    entries = []
+        return [{"path": w} for w in words]
+    weights = []
     for i in range(0, len(words), 2):
         try:
-            weight = float(words[i])
+            weights.append(float(words[i]))
         except ValueError:
-            raise checker.fail(key, f"{words[i]!r} is not a weight (expected WEIGHT PATH pairs)") from None
-        entries.append({"path": words[i + 1], "weight": weight})
-    return entries
+            weights.append(None)
+    if None in weights:
+        # Megatron reads every word as a path once one weight is not a number, and
+        # asserts when a number follows that word in a weight position.
+        first = weights.index(None)
+        later = [i for i, w in enumerate(weights) if i > first and w is not None]
+        if later:
+            raise checker.fail(key, f"{show(words[2 * first])} is not a weight but "
+                                    f"{show(words[2 * later[0]])} is: give WEIGHT PATH pairs, "
+                                    "or paths only")
+        return [{"path": w} for w in words]
+    return [{"path": p, "weight": w} for w, p in zip(weights, words[1::2])]
 
 
 def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blend:
@@ -215,28 +253,28 @@ def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blen
         if not isinstance(entry, dict):
             raise checker.fail(where, "expected a mapping with `path` (and `weight`, `name`)")
         checker.unknown_keys(entry, DATASET_KEYS, f"{where}.")
-        path = entry.get("path")
-        if not isinstance(path, str) or not path:
+        if entry.get("path") is None:
             raise checker.fail(f"{where}.path", "missing: the dataset prefix or .pbin file")
+        path = checker.path_text(entry.get("path"), f"{where}.path", "the dataset prefix or .pbin file")
         file = path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
-        if not _dataset_file_exists(file):
-            raise checker.fail(
-                f"{where}.path",
-                f"no dataset at {file} (expected {file}.bin and {file}.idx, or a .pbin file)",
-            )
+        problem = _dataset_problem(file)
+        if problem is not None:
+            raise checker.fail(f"{where}.path", problem)
         weight = entry.get("weight")
         if weight is not None:
             weight = checker.number(weight, f"{where}.weight")
-            if not weight > 0 or weight != weight or weight == float("inf"):
+            if not weight > 0:
                 raise checker.fail(
-                    f"{where}.weight", f"must be a positive number, got {entry.get('weight')!r}"
+                    f"{where}.weight", f"must be a positive number, got {show(entry.get('weight'))}"
                 )
         name = entry.get("name")
         if name is None:
             name = os.path.basename(file[:-5] if file.endswith(".pbin") else file)
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._+-]+", name) or name in (".", ".."):
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._+-]{1,255}", name) \
+                or name in (".", ".."):
             raise checker.fail(
-                f"{where}.name", f"{name!r} is not a usable name (letters, digits, . _ + -)"
+                f"{where}.name",
+                f"{show(name)} is not a usable name (1 to 255 letters, digits, . _ + -)"
             )
         specs.append(DatasetSpec(path=path, file=file, name=name, weight=weight))
     with_weight = [s.weight is not None for s in specs]
@@ -245,6 +283,8 @@ def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blen
         raise checker.fail(
             f"{key}[{missing}].weight", "missing: give every dataset a weight, or none of them"
         )
+    if all(with_weight) and not math.isfinite(sum(s.weight for s in specs)):
+        raise checker.fail(key, "the weights add up to more than a float holds; scale them down")
     return Blend(tuple(specs))
 
 
@@ -280,23 +320,36 @@ def _parse_samples(value: Any, checker: _Checker) -> dict[str, int | None]:
     out = {}
     for s in SPLITS:
         v = value.get(s)
-        out[s] = None if v is None else checker.integer(v, f"samples.{s}", minimum=0)
+        out[s] = None if v is None else checker.integer(
+            v, f"samples.{s}", minimum=0, why=" (2**63 - 1, Megatron's int64)")
     return out
 
 
 def _parse_tokenizer(value: Any, checker: _Checker) -> tuple[int | None, int | None, dict]:
-    value = {} if value is None else value
+    if value is None:
+        raise checker.fail("tokenizer", "missing: Megatron needs a tokenizer; give at least its "
+                                        "end-of-document id, e.g. {eod: 50256, pad: null}")
     if not isinstance(value, dict):
         raise checker.fail("tokenizer", "expected a mapping {eod: ID, pad: ID or null}")
     checker.unknown_keys(value, TOKENIZER_KEYS, "tokenizer.")
     eod = value.get("eod")
-    eod = None if eod is None else checker.integer(eod, "tokenizer.eod", minimum=0)
+    if eod is None:
+        raise checker.fail("tokenizer.eod", "missing: the tokenizer's end-of-document token id, "
+                                            "e.g. 50256 (mmfs.json gives it to loaders)")
+    int64 = " (int64, as Megatron holds token ids)"
+    eod = checker.integer(eod, "tokenizer.eod", minimum=0, why=int64)
     pad = value.get("pad")
-    pad = None if pad is None else checker.integer(pad, "tokenizer.pad", minimum=-1)
+    pad = None if pad is None else checker.integer(pad, "tokenizer.pad", minimum=-1, why=int64)
     if pad == -1:
         pad = None  # Megatron's "no pad"
     vocab = value.get("vocab_size")
-    vocab = None if vocab is None else checker.integer(vocab, "tokenizer.vocab_size", minimum=1)
+    vocab = None if vocab is None else checker.integer(vocab, "tokenizer.vocab_size", minimum=1,
+                                                        why=int64)
+    if not isinstance(value.get("class", ""), str) or value.get("class") == "":
+        raise checker.fail("tokenizer.class", f"expected a class name, got {show(value['class'])}")
+    if not isinstance(value.get("tokenizer_path", ""), (str, type(None))):
+        raise checker.fail("tokenizer.tokenizer_path",
+                           f"expected a path or null, got {show(value['tokenizer_path'])}")
     custom = value.get("unique_identifiers")
     if custom is not None:
         if not isinstance(custom, dict):
@@ -314,23 +367,25 @@ def _parse_tokenizer(value: Any, checker: _Checker) -> tuple[int | None, int | N
     return eod, pad, identifiers
 
 
+def _check_weighted_sizes(blend: Blend | None, blend_per_split: dict | None,
+                          samples: dict[str, int | None], checker: _Checker) -> None:
+    """megatron-core asserts "size_is_none => weights_are_none" for every split, also
+    one with a zero share of `split`; with blend_per_split, for each split given."""
+    for s in SPLITS:
+        weighted = blend if blend is not None else (blend_per_split or {}).get(s)
+        if weighted is not None and weighted.weights is not None and samples[s] is None:
+            source = "the datasets have" if blend is not None else f"blend_per_split.{s} has"
+            raise checker.fail(
+                f"samples.{s}",
+                f"missing: {source} weights, so Megatron needs a {s} sample count (it asserts "
+                "without one, even for a split with no share); give one or drop the weights",
+            )
+
+
 def load_config(path: str) -> Config:
     """Read and check a YAML config; raises ConfigError naming the file and key."""
     checker = _Checker(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, not a YAML config file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the config: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a YAML mapping of keys (datasets, split, ...)")
     checker.unknown_keys(raw, TOP_LEVEL_KEYS, "")
@@ -367,26 +422,32 @@ def load_config(path: str) -> Config:
         if isinstance(split_value, (int, float)) and not isinstance(split_value, bool):
             split_value = str(split_value)
         if not isinstance(split_value, str):
-            raise checker.fail("split", f"expected a string like \"969,30,1\", got {split_value!r}")
+            raise checker.fail("split", f"expected a string like \"969,30,1\", got {show(split_value)}")
         parse_split(split_value, checker)
         split = split_value
 
-    sequence_length = checker.integer(raw.get("sequence_length"), "sequence_length", minimum=1) \
-        if raw.get("sequence_length") is not None else None
-    if sequence_length is None:
+    add_extra_token = checker.boolean(
+        raw.get("add_extra_token_to_sequence", True), "add_extra_token_to_sequence")
+    if raw.get("sequence_length") is None:
         raise checker.fail("sequence_length", "missing: the number of tokens per sample, e.g. 4096")
-    seed = checker.integer(raw.get("seed", 1234), "seed", minimum=0)
-    if seed >= 2**32:
-        raise checker.fail("seed", "must be below 2**32 (numpy's RandomState seed range)")
+    # Megatron's sample index helper takes int32 lengths: S + the extra token must fit.
+    sequence_length = checker.integer(
+        raw.get("sequence_length"), "sequence_length", minimum=1,
+        maximum=2**31 - 1 - int(add_extra_token),
+        why=" (2**31 - 1 tokens with the extra token: Megatron's int32)")
+    seed = checker.integer(raw.get("seed", 1234), "seed", minimum=0, maximum=2**32 - 1,
+                           why=" (numpy's RandomState seed range)")
     surplus = checker.number(raw.get("mid_level_dataset_surplus", 0.005), "mid_level_dataset_surplus")
-    if surplus < 0:
-        raise checker.fail("mid_level_dataset_surplus", f"must not be negative, got {surplus}")
+    if not 0 <= surplus <= MAX_SURPLUS:
+        raise checker.fail("mid_level_dataset_surplus",
+                           f"must be between 0 and {MAX_SURPLUS:g}, got {surplus}")
     eod, pad, identifiers = _parse_tokenizer(raw.get("tokenizer"), checker)
     cache_dir = raw.get("cache_dir")
     if cache_dir is not None:
-        if not isinstance(cache_dir, str) or not cache_dir:
-            raise checker.fail("cache_dir", "expected a directory path")
+        cache_dir = checker.path_text(cache_dir, "cache_dir", "a directory path")
         cache_dir = os.path.normpath(os.path.join(base_dir, cache_dir))
+    samples = _parse_samples(raw.get("samples"), checker)
+    _check_weighted_sizes(blend, blend_per_split, samples, checker)
 
     training = parse_training(raw.get("training"), checker)
     samples = samples_with_training(_parse_samples(raw.get("samples"), checker), training, checker)
@@ -398,9 +459,7 @@ def load_config(path: str) -> Config:
         samples=samples,
         sequence_length=sequence_length,
         seed=seed,
-        add_extra_token=checker.boolean(
-            raw.get("add_extra_token_to_sequence", True), "add_extra_token_to_sequence"
-        ),
+        add_extra_token=add_extra_token,
         drop_last_partial_validation_sequence=checker.boolean(
             raw.get("drop_last_partial_validation_sequence", True),
             "drop_last_partial_validation_sequence",

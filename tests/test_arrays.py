@@ -76,7 +76,8 @@ def test_pread_widening_blend(tmp_path):
     (tmp_path / "data").symlink_to(write_case_config("p1_single_u16", tmp_path / "x").parent / "data")
     config = tmp_path / "c.yaml"
     config.write_text("datasets: [{path: data/u16_docs, weight: 1}, {path: data/i32_docs, weight: 1}]\n"
-                      "split: '100,0,0'\nsamples: {train: 300}\nsequence_length: 5000\ncache_dir: cache\n")
+                      "split: '100,0,0'\nsamples: {train: 300, valid: 0, test: 0}\nsequence_length: 5000\n"
+                      "tokenizer: {eod: 0}\ncache_dir: cache\n")
     mapped = open_corpus(str(config), progress=False).splits["train"]
     pread = open_corpus(str(config), progress=False, map_limit_mb=0).splits["train"]
     assert mapped.dtype == np.int32

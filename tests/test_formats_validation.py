@@ -123,9 +123,14 @@ VERIFY_CASES = {
                                          patch(p + ".idx", OFF_DOC + 16, "<q", 9)),
                               (f"document_indices[1] (byte {OFF_DOC + 8}) is 7, past the "
                                "sequence count 4")),
-    "negative mode": (lambda p: patch(p + ".idx", OFF_MODE + 2, "<b", -1),
-                      f"sequence_modes[2] (byte {OFF_MODE + 2}) is -1, negative"),
 }
+
+
+def test_verify_accepts_negative_modes(prefix):
+    """Modes are int8 and Megatron's writer and reader take any value, negative too."""
+    patch(prefix + ".idx", OFF_MODE + 2, "<b", -1)
+    verify(prefix)
+    assert IndexedDataset(prefix).sequence_modes.tolist() == [0, 1, -1, 1]
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 1 << 20])

@@ -351,7 +351,7 @@ def test_packed_and_indexed_blend(tmp_path):
     config = tmp_path / "mix.yaml"
     config.write_text(
         "datasets:\n  - {path: web.pbin, weight: 0.6}\n  - {path: data/u16_small, weight: 0.4}\n"
-        "split: '90,10,0'\nsamples: {train: 300, valid: 20}\nsequence_length: 64\nseed: 9\n"
+        "split: '90,10,0'\nsamples: {train: 300, valid: 20, test: 0}\nsequence_length: 64\nseed: 9\n"
         "tokenizer: {eod: 99999}\ncache_dir: cache\n"
     )
     corpus = open_corpus(str(config), progress=False)

@@ -9,11 +9,34 @@ data_section ((start, end) bytes of `data` that may hold tokens).
 
 from __future__ import annotations
 
+import os
+import stat
 from functools import cached_property
 
 import numpy as np
 
 from ..errors import FormatError
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def file_problem(path: str) -> str | None:
+    """Why `path` cannot be opened as a regular file, or None when it can be.
+    (Opening a FIFO would block, so nothing is opened here.)"""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "file not found"
+    except ValueError:  # an embedded NUL byte
+        return "not a usable file name"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((what for test, what in _KINDS if test(mode)), "not a file")
+    return f"is {kind}, not a regular file"
 
 
 class SequenceDataset:

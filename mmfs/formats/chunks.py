@@ -20,18 +20,22 @@ CHUNK = 1 << 20  # entries per chunk: 4-8 MB per array
 log = logging.getLogger(__name__)
 
 
-def iter_array(ds, name: str, chunk: int = CHUNK) -> Iterator[tuple[int, np.ndarray]]:
-    """(first index, values) chunks of the array `name` of dataset `ds`."""
+def iter_array(ds, name: str, chunk: int = CHUNK, begin: int = 0,
+               end: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """(first index, values) chunks of entries [begin, end) of the array `name` of
+    dataset `ds` (end None: to the last entry)."""
     layout = getattr(ds, "array_layout", {}).get(name)
     if layout is None:  # an in-memory array (.pbin): slicing costs nothing
         arr = getattr(ds, name)
-        for start in range(0, len(arr), chunk):
-            yield start, np.asarray(arr[start : start + chunk])
+        stop = len(arr) if end is None else min(end, len(arr))
+        for start in range(begin, stop, chunk):
+            yield start, np.asarray(arr[start : min(start + chunk, stop)])
         return
     offset, dtype, count = layout
+    count = count if end is None else min(end, count)
     with open(ds.idx_path, "rb", buffering=0) as f:
-        f.seek(offset)
-        for start in range(0, count, chunk):
+        f.seek(offset + begin * dtype.itemsize)
+        for start in range(begin, count, chunk):
             k = min(chunk, count - start)
             out = np.empty(k, dtype=dtype)
             got = f.readinto(memoryview(out).cast("B"))

@@ -7,7 +7,8 @@ Rules (each failure is a FormatError naming the file, the array entry and, for a
   - .idx only: sequences lie back to back from byte 0, as Megatron writes them
     (pointers[i+1] == pointers[i] + lengths[i] * itemsize)
   - document_indices[0] == 0, non-decreasing, last == number of sequences
-  - sequence_modes[i] >= 0 (multimodal only)
+Sequence modes (multimodal only) are int8 and any value is legal: Megatron's writer
+and reader accept negative modes too.
 Bytes of the .bin no sequence covers, and .pbin documents that overlap or leave
 gaps (legal there), are reported as warnings.
 """
@@ -52,8 +53,6 @@ def verify(path: str, chunk: int = CHUNK) -> VerifyReport:
                           num_tokens=0)
     report.num_tokens = _check_sequences(ds, report, chunk)
     check_document_indices(ds, chunk)
-    if ds.sequence_modes is not None:
-        _check_modes(ds, chunk)
     return report
 
 
@@ -158,14 +157,6 @@ def _first_failure(*masks: np.ndarray) -> tuple[int, int | None]:
             if rule is None or i < best:
                 best, rule = i, r
     return best, rule
-
-
-def _check_modes(ds, chunk: int) -> None:
-    for start, modes in iter_array(ds, "sequence_modes", chunk):
-        bad = modes < 0
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise _fail(ds, "sequence_modes", start + i, f"is {int(modes[i])}, negative")
 
 
 def verify_command(args: argparse.Namespace) -> int:

@@ -12,7 +12,9 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..native import check, ffi, lib, pointer
+from .gpt import available_memory, gib
 from .splits import normalize
 
 MAX_DATASETS = 32766  # int16 dataset ids, as Megatron asserts
@@ -34,8 +36,20 @@ def sizes_per_dataset(weights: list[float], target: int, surplus: float = 0.0) -
     return [int(math.ceil(math.ceil(target * w) * (1 + surplus))) for w in weights]
 
 
+def check_blend_fits(size: int) -> None:
+    """Refuse, before allocating, a blend whose two arrays (int16 + int64 per
+    sample) cannot fit in memory."""
+    need = size * (2 + 8)
+    memory, source = available_memory()
+    if need > memory:
+        raise ConfigError(f"a blend of {size:,} samples needs {gib(need)} of memory for its "
+                          f"indices, more than the {gib(memory)} of {source}; lower the "
+                          "sample count (samples.<split>)")
+
+
 def build_blending_indices(weights: list[float], size: int) -> dict[str, np.ndarray]:
     """The greedy index: sample i goes to argmax_k(w_k * max(i, 1) - count_k)."""
+    check_blend_fits(size)
     w = np.ascontiguousarray(weights, dtype=np.float64)
     dataset_index = np.zeros(size, dtype=np.int16)
     dataset_sample_index = np.zeros(size, dtype=np.int64)
@@ -49,6 +63,7 @@ def build_blending_indices(weights: list[float], size: int) -> dict[str, np.ndar
 
 def build_exhaustive_blending_indices(sizes: list[int]) -> dict[str, np.ndarray]:
     """Every sample of every dataset exactly once, in the same error-minimising order."""
+    check_blend_fits(sum(int(n) for n in sizes))
     s = np.ascontiguousarray(sizes, dtype=np.int64)
     total = int(s.sum())
     dataset_index = np.zeros(total, dtype=np.int16)

@@ -26,7 +26,7 @@ from .blend import (
     sizes_per_dataset,
 )
 from .cache import IndexCache
-from .gpt import GptParams, build_gpt_indices
+from .gpt import GptParams, build_gpt_indices, check_gpt_build
 from .splits import normalize, split_matrix, split_range
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,7 @@ class Builder:
         if arrays is not None and self._gpt_arrays_fit(arrays, params):
             log.info("%s: indices loaded from cache %s", label, cache.path("*"))
             return GptIndices(spec, params, cache, from_cache=True, **arrays)
+        check_gpt_build(dataset, params, cache.folder, c.path)
         lengths = dataset.sequence_lengths
         if int(np.asarray(lengths[beg:end]).sum(dtype=np.int64)) == 0:
             raise self.fail(key, f"the {split} split of {spec.path} (sequences {beg}..{end}) "

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
 
-from ..errors import ConfigError
+from ..errors import ConfigError, FormatError, MmfsError, NativeError
 from ..manifest import manifest
 from .corpus import open_corpus
+from .gpt import check_sequences, gib
+
+MAX_PRINTED_TOKENS = 1 << 27  # 512 MiB of uint32; a bigger sample is read from a mount
+PRINT_CHUNK = 1 << 16  # tokens turned into text at a time
 
 
 def build_command(args) -> int:
@@ -35,12 +40,59 @@ def sample_command(args) -> int:
     if not 0 <= args.index < len(reader):
         raise ConfigError(f"{args.config}: {args.split} has {len(reader)} samples; "
                           f"{args.index} is out of range")
-    name, pieces = reader.provenance(args.index)
-    print(json.dumps({
+    if reader.sample_tokens > MAX_PRINTED_TOKENS:
+        raise ConfigError(f"{args.config}: sequence_length: a sample of {reader.sample_tokens:,} "
+                          f"tokens ({gib(reader.sample_bytes)}) is too large to print as JSON "
+                          f"(at most {MAX_PRINTED_TOKENS:,}); read it from a mount instead")
+    try:
+        name, pieces = reader.provenance(args.index)
+        tokens = reader.tokens(args.index)
+    except NativeError as exc:
+        detail = unreadable_sample(reader, args.index) or str(exc)
+        raise NativeError(f"{args.config}: {args.split} sample {args.index} cannot be read: "
+                          f"{detail}") from None
+    head = json.dumps({
         "split": args.split,
         "index": args.index,
         "dataset": name,
         "pieces": [{"sequence": s, "offset": o, "length": n} for s, o, n in pieces],
-        "tokens": reader.tokens(args.index).tolist(),
-    }))
+        "tokens": [],
+    })
+    # json.dumps's own layout, with the tokens written a chunk at a time
+    out = sys.stdout
+    out.write(head[: -len("[]}")] + "[")
+    for start in range(0, tokens.size, PRINT_CHUNK):
+        text = json.dumps(tokens[start : start + PRINT_CHUNK].tolist())[1:-1]
+        out.write((", " if start else "") + text)
+    out.write("]}\n")
     return 0
+
+
+def unreadable_sample(reader, i: int) -> str | None:
+    """Why sample i of a SplitReader cannot be read, naming the file, the sequence and
+    the byte offset: the first sequence it spans that is not sound, or an index
+    entry that points nowhere. None when every piece looks sound (the file changed
+    while it was read, say)."""
+    try:
+        gpt, k = reader.locate(i)
+    except MmfsError as exc:
+        return str(exc)
+    g, ds = gpt.gpt, gpt.source.dataset
+    rows, docs = g.sample_index, g.document_index
+    cache = g.cache.path("*") if g.cache.folder else "the indices in memory"
+    if not 0 <= k < rows.shape[0] - 1:
+        return f"unshuffled sample {k} is outside the sample index ({cache}); delete the cache"
+    beg, end = int(rows[k, 0]), int(rows[k + 1, 0])
+    if not 0 <= beg <= end < docs.shape[0]:
+        return (f"sample_index rows {k}..{k + 1} span document_index entries {beg}..{end}, "
+                f"outside [0, {docs.shape[0]}) ({cache}); delete the cache")
+    for pos in range(beg, end + 1):
+        seq = int(docs[pos])
+        if not 0 <= seq < ds.num_sequences:
+            return (f"document_index[{pos}] names sequence {seq}, but {ds.idx_path} has "
+                    f"{ds.num_sequences} ({cache}); delete the cache")
+        try:
+            check_sequences(ds, seq, seq + 1)
+        except FormatError as exc:
+            return f"{gpt.name} (unshuffled sample {k}) reads {exc}"
+    return None
