@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 
-SPLITS = ("train", "valid", "test")
+from ..config import SPLITS
 
 
 def normalize(weights: list[float]) -> list[float]:
