@@ -19,6 +19,7 @@ COMMANDS = {
     "mount": "mmfs.mount:mount_command",
     "umount": "mmfs.mount:umount_command",
     "bench": "mmfs.bench:bench_command",
+    "preprocess": "mmfs.preprocess.command:preprocess_command",
 }
 
 
@@ -74,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", dest="options", default="",
                    help="mount options when benching a config (as for mmfs mount)")
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("preprocess", parents=[common],
+                       help="tokenize JSONL into IndexedDatasets (Megatron's tools/preprocess_data.py)")
+    from .preprocess.command import add_arguments
+    add_arguments(p)
     return parser
 
 

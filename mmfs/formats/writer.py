@@ -106,6 +106,27 @@ class IndexedDatasetWriter:
             self.sequence_modes.extend([int(m) for m in modes] if modes is not None
                                        else [0] * lens.size)
 
+    def add_documents(self, tokens, sequence_lengths: Sequence[int],
+                      document_sizes: Sequence[int]) -> None:
+        """Append many documents at once (what add_document does, one call per batch):
+        `tokens` concatenated, split into sequences by `sequence_lengths`, the
+        sequences grouped into documents by `document_sizes` (sequences per document,
+        0 for an empty document)."""
+        arr = _as_tokens(tokens, self.dtype)
+        lens = np.asarray(sequence_lengths, dtype=np.int64).reshape(-1)
+        sizes = np.asarray(document_sizes, dtype=np.int64).reshape(-1)
+        _check_lengths(lens)
+        if int(lens.sum()) != arr.size:
+            raise ValueError(f"lengths add up to {int(lens.sum())} but there are {arr.size} tokens")
+        if sizes.size and (sizes.min() < 0 or int(sizes.sum()) != lens.size):
+            raise ValueError(f"document sizes must be >= 0 and add up to {lens.size} sequences")
+        self._data.write(arr.tobytes())
+        ends = len(self.sequence_lengths) + np.cumsum(sizes)
+        self.sequence_lengths.frombytes(lens.astype(np.int64).tobytes())
+        self.document_indices.frombytes(ends.astype(np.int64).tobytes())
+        if self.sequence_modes is not None:
+            self.sequence_modes.frombytes(np.zeros(lens.size, np.int64).tobytes())
+
     def add_index(self, path_prefix: str) -> None:
         """Append a whole existing dataset (its documents and tokens) after what is written."""
         other = IndexedDataset(path_prefix)
