@@ -138,6 +138,8 @@ def preprocess_command(args: argparse.Namespace) -> int:
             for path in paths:
                 if os.path.exists(path):
                     os.remove(path)
+    if progress.skipped:
+        log.warning("%s: skipped %d bad lines (--skip-bad-lines)", args.input, progress.skipped)
     log.info("%s (%s, vocabulary %d, %s)", progress.line(), tokenizer.name, tokenizer.vocab_size, dtype.name)
     for bin_path, idx_path in finals.values():
         log.info("wrote %s and %s", bin_path, idx_path)

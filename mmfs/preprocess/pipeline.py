@@ -2,8 +2,7 @@
 which parse and tokenize them; the parent writes their results in input order.
 
 At most 2 chunks per worker are in flight, so memory stays flat whatever the input
-size. Workers are a ProcessPoolExecutor: a worker that dies breaks the pool and the
-parent stops with an error instead of waiting for a result that never comes.
+size; a worker that dies is an error, never a wait (see pool.py).
 
 A document follows Megatron's tools/preprocess_data.py: for each JSON key, the text
 (or each text of a list) is tokenized; texts with no tokens give no sequence; with
@@ -14,18 +13,15 @@ has no tokens at all, which leaves a document of no sequences.
 from __future__ import annotations
 
 import json
-import signal
-from collections import deque
+import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 
 import numpy as np
 
 from ..errors import PreprocessError
 from ..formats.writer import IndexedDatasetWriter
+from .pool import OrderedPool
 from .source import Chunk
 from .tokenizer import Tokenizer, TokenizerSpec
 
@@ -124,8 +120,11 @@ def _assemble(tokens: np.ndarray, lengths: np.ndarray, texts_per_doc: np.ndarray
 _worker: dict = {}
 
 
-def _init_worker(job: Job) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
+def _init_worker(job: Job, workers: int) -> None:
+    if workers > 1:
+        # Processes share the cores: the Rust tokenizer's own thread pool would only
+        # oversubscribe them (this process's environment, read by `tokenizers` per call).
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker["job"] = job
     _worker["tokenizer"] = job.tokenizer.load()
 
@@ -163,23 +162,9 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
 def run(job: Job, chunks: Iterator[Chunk], writers: dict[str, IndexedDatasetWriter], workers: int,
         on_progress: Callable[[ChunkResult], None]) -> None:
     """Tokenize every chunk with `workers` processes and write the results in order."""
-    pending: deque[Future] = deque()
-    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                               initargs=(job,))
-    try:
-        for chunk in chunks:
-            pending.append(pool.submit(encode_chunk, chunk))
-            if len(pending) >= workers * IN_FLIGHT_PER_WORKER:
-                _write(pending.popleft().result(), writers, on_progress)
-        while pending:
-            _write(pending.popleft().result(), writers, on_progress)
-    except BrokenProcessPool:
-        raise PreprocessError("a worker process died (out of memory or killed?); "
-                              "nothing was written, run again (fewer --workers?)") from None
-    finally:
-        for f in pending:
-            f.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
+    with OrderedPool(workers, encode_chunk, _init_worker, (job, workers), IN_FLIGHT_PER_WORKER) as pool:
+        for result in pool.imap(chunks):
+            _write(result, writers, on_progress)
 
 
 def _write(result: ChunkResult, writers: dict[str, IndexedDatasetWriter],
