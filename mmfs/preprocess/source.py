@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from ..errors import PreprocessError
 
-CHUNK_BYTES = 1 << 20  # input bytes per chunk a worker gets
-CHUNK_LINES = 8192
+CHUNK_BYTES = 1 << 16  # input bytes per chunk a worker gets: small keeps workers' memory low
+CHUNK_LINES = 4096
 
 
 @dataclass

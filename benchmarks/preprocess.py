@@ -1,0 +1,113 @@
+"""`mmfs preprocess` speed and memory, in one run.
+
+Repeats the reference corpus (tests/golden/preprocess) to about --mb MB, runs
+`mmfs preprocess` with the golden Hugging Face tokenizer and --append-eod, and prints
+documents/s, MB/s and the peak memory of the whole process tree (parent + workers;
+RSS summed, and PSS, which counts shared pages once). With --megatron-python, also
+runs benchmarks/megatron_baseline.py (Megatron's per-document path with
+megatron-core's own classes) on the same input, checks the outputs are
+byte-identical and prints the ratio.
+
+    python benchmarks/preprocess.py [--mb 50] [--workers 2] [--megatron-python PY]
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden" / "preprocess"
+
+
+def tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def memory_kb(pids: list[int]) -> tuple[int, int]:
+    """(summed RSS, summed PSS) of the processes, in kB."""
+    rss = pss = 0
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Rss:"):
+                    rss += int(line.split()[1])
+                elif line.startswith("Pss:"):
+                    pss += int(line.split()[1])
+        except OSError:
+            pass
+    return rss, pss
+
+
+def measure(cmd: list[str], env: dict | None = None) -> tuple[float, int, int]:
+    """Wall seconds, peak summed RSS and PSS (MB) of a command's process tree."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak_rss = peak_pss = 0
+    while proc.poll() is None:
+        rss, pss = memory_kb(tree(proc.pid))
+        peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+        time.sleep(0.02)
+    secs = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr.read().decode()}")
+    return secs, peak_rss // 1024, peak_pss // 1024
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", default="50", help="input size(s) in MB, comma-separated (default 50)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--megatron-python", help="a Python with megatron-core and transformers")
+    args = ap.parse_args()
+    corpus = (GOLDEN / "corpus.jsonl").read_bytes()
+    docs_per_copy = corpus.count(b"\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with tempfile.TemporaryDirectory() as tmp:
+        for mb in (float(x) for x in args.mb.split(",")):
+            copies = max(1, round(mb * 1e6 / len(corpus)))
+            src = Path(tmp) / "input.jsonl"
+            with open(src, "wb") as f:
+                for _ in range(copies):
+                    f.write(corpus)
+            size, docs = copies * len(corpus), copies * docs_per_copy
+            print(f"input: the reference corpus x{copies} = {size / 1e6:.1f} MB, {docs:,} documents; "
+                  f"{args.workers} workers, HuggingFaceTokenizer, --append-eod")
+            runs = {"mmfs preprocess": [sys.executable, "-m", "mmfs.cli", "-q", "preprocess", "--input", str(src),
+                                        "--output-prefix", f"{tmp}/mmfs", "--workers", str(args.workers),
+                                        "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                                        str(GOLDEN / "hf_tokenizer"), "--append-eod"]}
+            if args.megatron_python:
+                baseline = str(ROOT / "benchmarks" / "megatron_baseline.py")
+                runs["megatron-core baseline"] = [args.megatron_python, baseline, str(src),
+                                                  str(GOLDEN / "hf_tokenizer"), f"{tmp}/megatron", str(args.workers)]
+            rates = {}
+            for name, cmd in runs.items():
+                secs, rss, pss = measure(cmd, env)
+                rates[name] = docs / secs
+                print(f"  {name:24s} {secs:6.1f} s  {docs / secs:9,.0f} documents/s  {size / 1e6 / secs:5.2f} MB/s  "
+                      f"peak memory {rss} MB RSS summed, {pss} MB PSS")
+            if len(rates) == 2:
+                same = all(filecmp.cmp(f"{tmp}/mmfs_text_document{s}", f"{tmp}/megatron_text_document{s}",
+                                       shallow=False) for s in (".bin", ".idx"))
+                ratio = rates["mmfs preprocess"] / rates["megatron-core baseline"]
+                print(f"  mmfs / baseline: {ratio:.2f}x documents/s; outputs byte-identical: {same}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
