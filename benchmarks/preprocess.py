@@ -5,10 +5,11 @@ Repeats the reference corpus (tests/golden/preprocess) to about --mb MB, runs
 documents/s, MB/s and the peak memory of the whole process tree (parent + workers;
 RSS summed, and PSS, which counts shared pages once). With --megatron-python, also
 runs benchmarks/megatron_baseline.py (Megatron's per-document path with
-megatron-core's own classes) on the same input, checks the outputs are
-byte-identical and prints the ratio.
+megatron-core's own classes) on the same input, the two taking turns (--rounds),
+checks the outputs are byte-identical and prints the ratio of the median times.
+Several sizes (--mb 50,500) show that memory does not grow with the input.
 
-    python benchmarks/preprocess.py [--mb 50] [--workers 2] [--megatron-python PY]
+    python benchmarks/preprocess.py [--mb 50,500] [--workers 2] [--megatron-python PY]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,17 +72,22 @@ def measure(cmd: list[str], env: dict | None = None) -> tuple[float, int, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", default="50", help="input size(s) in MB, comma-separated (default 50)")
+    ap.add_argument("--mb", default="50", help="input size(s) in MB, comma-separated (default 50); "
+                    "the baseline runs on the first")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--megatron-python", help="a Python with megatron-core and transformers")
+    ap.add_argument("--rounds", type=int, default=3, help="turns of mmfs and baseline (medians; default 3)")
     args = ap.parse_args()
     corpus = (GOLDEN / "corpus.jsonl").read_bytes()
     docs_per_copy = corpus.count(b"\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with tempfile.TemporaryDirectory() as tmp:
-        for mb in (float(x) for x in args.mb.split(",")):
+        sizes = [float(x) for x in args.mb.split(",")]
+        for mb in sizes:
             copies = max(1, round(mb * 1e6 / len(corpus)))
             src = Path(tmp) / "input.jsonl"
+            for old in Path(tmp).iterdir():
+                old.unlink()
             with open(src, "wb") as f:
                 for _ in range(copies):
                     f.write(corpus)
@@ -91,21 +98,28 @@ def main() -> int:
                                         "--output-prefix", f"{tmp}/mmfs", "--workers", str(args.workers),
                                         "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
                                         str(GOLDEN / "hf_tokenizer"), "--append-eod"]}
-            if args.megatron_python:
+            if args.megatron_python and mb == sizes[0]:  # the baseline is slow: first size only
                 baseline = str(ROOT / "benchmarks" / "megatron_baseline.py")
                 runs["megatron-core baseline"] = [args.megatron_python, baseline, str(src),
                                                   str(GOLDEN / "hf_tokenizer"), f"{tmp}/megatron", str(args.workers)]
-            rates = {}
-            for name, cmd in runs.items():
-                secs, rss, pss = measure(cmd, env)
-                rates[name] = docs / secs
+            times: dict[str, list[float]] = {name: [] for name in runs}
+            memory: dict[str, tuple[int, int]] = {name: (0, 0) for name in runs}
+            for _ in range(args.rounds if len(runs) > 1 else 1):  # the two take turns
+                for name, cmd in runs.items():
+                    secs, rss, pss = measure(cmd, env)
+                    times[name].append(secs)
+                    memory[name] = max(memory[name], (rss, pss))
+            for name in runs:
+                secs = statistics.median(times[name])
+                rss, pss = memory[name]
                 print(f"  {name:24s} {secs:6.1f} s  {docs / secs:9,.0f} documents/s  {size / 1e6 / secs:5.2f} MB/s  "
-                      f"peak memory {rss} MB RSS summed, {pss} MB PSS")
-            if len(rates) == 2:
+                      f"peak memory {rss} MB RSS summed, {pss} MB PSS  (runs: "
+                      f"{', '.join(f'{t:.1f}' for t in times[name])} s)")
+            if len(runs) == 2:
                 same = all(filecmp.cmp(f"{tmp}/mmfs_text_document{s}", f"{tmp}/megatron_text_document{s}",
                                        shallow=False) for s in (".bin", ".idx"))
-                ratio = rates["mmfs preprocess"] / rates["megatron-core baseline"]
-                print(f"  mmfs / baseline: {ratio:.2f}x documents/s; outputs byte-identical: {same}")
+                ratio = statistics.median(times["megatron-core baseline"]) / statistics.median(times["mmfs preprocess"])
+                print(f"  mmfs / baseline: {ratio:.2f}x documents/s (medians); outputs byte-identical: {same}")
     return 0
 
 

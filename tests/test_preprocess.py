@@ -64,6 +64,25 @@ def test_gzip_input_and_small_chunks_any_workers(tmp_path, monkeypatch):
         assert outputs(prefix) == outputs(GOLDEN / "hf")
 
 
+@needs_tokenizers
+@pytest.mark.skipif(importlib.util.find_spec("zstandard") is None and sys.version_info < (3, 14),
+                    reason="reading .zst needs zstandard or Python >= 3.14")
+def test_zstd_input_of_two_frames(tmp_path):
+    data = CORPUS.read_bytes()
+    zst = tmp_path / "corpus.jsonl.zst"
+    if importlib.util.find_spec("zstandard"):
+        import zstandard
+
+        compress = zstandard.ZstdCompressor().compress
+    else:
+        from compression import zstd
+
+        compress = zstd.compress
+    zst.write_bytes(compress(data[:400_001]) + compress(data[400_001:]))
+    assert run("--input", zst, "--output-prefix", tmp_path / "z", *HF, "--append-eod", "--workers", 2) == 0
+    assert outputs(tmp_path / "z") == outputs(GOLDEN / "hf")
+
+
 def megatron_documents(texts_per_doc: list[list[list[int]]], eod: int | None) -> tuple[list[int], list[int], list[int]]:
     """Megatron's per-document loop (tools/preprocess_data.py Encoder.encode + add_document)."""
     tokens, lengths, doc_index = [], [], [0]
@@ -163,9 +182,10 @@ def test_bad_setup_is_one_line_exit_2(tmp_path, capsys):
     assert "output folder does not exist" in err
     err = one_line_error(capsys, "--input", tmp_path / "nope.jsonl", "--output-prefix", out, *BYTES)
     assert "nope.jsonl: cannot read the input" in err
-    (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip at all")
-    err = one_line_error(capsys, "--input", tmp_path / "bad.jsonl.gz", "--output-prefix", out, *BYTES)
-    assert "bad.jsonl.gz: cannot read the input" in err
+    for name in ("bad.jsonl.gz", "bad.jsonl.zst"):
+        (tmp_path / name).write_bytes(b"not compressed at all")
+        err = one_line_error(capsys, "--input", tmp_path / name, "--output-prefix", out, *BYTES)
+        assert err.startswith(f"mmfs: error: {tmp_path / name}: ")  # (or: .zst needs zstandard)
     err = one_line_error(capsys, "--input", CORPUS, "--output-prefix", out, "--tokenizer-type",
                          "HuggingFaceTokenizer", "--tokenizer-model", tmp_path)
     assert "no tokenizer.json" in err

@@ -37,10 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class Progress:
-    """Documents/s and MB/s on stderr, redrawn in place when stderr is a terminal."""
+    """A progress bar (for an uncompressed input, whose size is known) with documents/s
+    and MB/s on stderr, redrawn in place when stderr is a terminal."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, total_bytes: int | None = None) -> None:
         self.enabled = enabled
+        self.total = total_bytes
         self.start = time.monotonic()
         self.shown = 0.0
         self.documents = self.skipped = self.nbytes = 0
@@ -58,7 +60,11 @@ class Progress:
         now = time.monotonic()
         if self.enabled and now - self.shown >= 0.2:
             self.shown = now
-            print(f"\rmmfs: {self.line()}", end="", file=sys.stderr, flush=True)
+            bar = ""
+            if self.total:
+                done = min(self.nbytes / self.total, 1.0)
+                bar = f"[{'#' * int(done * 20):20s}] {done:4.0%} "
+            print(f"\rmmfs: {bar}{self.line()}", end="", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.enabled and self.shown:
@@ -115,7 +121,9 @@ def preprocess_command(args: argparse.Namespace) -> int:
     # Temporary names until the end: an interrupted run leaves nothing that looks finished.
     temps = {key: tuple(f"{p}.tmp-{os.getpid()}" for p in paths) for key, paths in finals.items()}
     writers: dict[str, IndexedDatasetWriter] = {}
-    progress = Progress(enabled=sys.stderr.isatty() and log.isEnabledFor(logging.INFO))
+    compressed = args.input.endswith((".gz", ".zst"))
+    progress = Progress(enabled=sys.stderr.isatty() and log.isEnabledFor(logging.INFO),
+                        total_bytes=None if compressed else os.path.getsize(args.input))
     try:
         for key, (bin_tmp, _) in temps.items():
             writers[key] = IndexedDatasetWriter(bin_tmp, dtype=dtype)

@@ -38,7 +38,9 @@ def _open_zstd(path: str) -> io.BufferedIOBase:
     except ImportError:
         raise PreprocessError(f"{path}: reading .zst needs the `zstandard` package "
                               "(pip install zstandard) or Python >= 3.14") from None
-    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+    raw = open(path, "rb")  # noqa: SIM115 - closed with the reader
+    # read_across_frames: files of several frames (parallel or appended writes) are read whole.
+    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True))
 
 
 def open_input(path: str) -> io.BufferedIOBase:
@@ -46,16 +48,16 @@ def open_input(path: str) -> io.BufferedIOBase:
     if os.path.isdir(path):
         raise PreprocessError(f"{path}: is a directory; --input takes a .jsonl (.gz, .zst) file")
     try:
-        if path.endswith(".gz"):
-            f = gzip.open(path, "rb")
-            f.peek(1)  # a file that is not gzip fails here, not in a worker
+        if path.endswith((".gz", ".zst")):
+            f = gzip.open(path, "rb") if path.endswith(".gz") else _open_zstd(path)
+            f.peek(1)  # a file that does not decompress fails here, with its name
             return f
-        if path.endswith(".zst"):
-            return _open_zstd(path)
         return open(path, "rb")  # noqa: SIM115 - the caller closes it
-    except (OSError, EOFError) as exc:
-        raise PreprocessError(f"{path}: cannot read the input ({exc.strerror or exc}); "
-                              "check the path and its permissions") from None
+    except PreprocessError:
+        raise
+    except Exception as exc:  # OSError, EOFError, or a decompressor's own error class
+        raise PreprocessError(f"{path}: cannot read the input ({getattr(exc, 'strerror', None) or exc}); "
+                              "check the path, its permissions and that the file is whole") from None
 
 
 def _split_cr(line: bytes) -> list[bytes]:
@@ -81,7 +83,7 @@ def read_chunks(path: str, stream: io.BufferedIOBase) -> Iterator[Chunk]:
                     yield Chunk(line_no, lines, nbytes)
                     line_no += len(lines)
                     lines, nbytes = [], 0
-    except (OSError, EOFError) as exc:
+    except Exception as exc:  # OSError, EOFError, or a decompressor's own error class
         raise PreprocessError(f"{path}: cannot read the input after line {line_no + len(lines) - 1} "
                               f"({exc}); is the file truncated or corrupt?") from None
     if lines:
