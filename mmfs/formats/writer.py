@@ -24,7 +24,7 @@ from .dtypes import DTYPE_TO_CODE
 from .indexed import HEADER, MAGIC, VERSION, IndexedDataset
 
 _INT32_MAX = 2**31 - 1
-SPOOL_LIMIT = 1 << 20  # index values a writer keeps in memory before spilling to a file
+SPOOL_LIMIT = 1 << 17  # index values (1 MB) a writer keeps in memory before spilling to a file
 
 
 def _as_tokens(tokens, dtype: np.dtype) -> np.ndarray:
@@ -122,7 +122,7 @@ class IndexedDatasetWriter:
                              "int16, int32, int64, float64, float32, uint16)")
         self.bin_path = os.fspath(bin_path)
         self.multimodal = multimodal
-        # Compact typed buffers spilled to a temporary file past 1M values: a Python
+        # Compact typed buffers spilled to a temporary file past SPOOL_LIMIT values: a Python
         # list of ints costs ~10x the memory, and a large dataset's index far more.
         folder = os.path.dirname(os.path.abspath(self.bin_path))
         self.sequence_lengths = _Int64Spool(folder)
