@@ -309,3 +309,41 @@ def test_dead_worker_is_an_error_not_a_hang(tmp_path):
     assert proc.returncode == 2
     assert "a worker process died" in err and err.count("\n") == 1
     assert not list(tmp_path.glob("out*"))
+
+
+@needs_tokenizers
+def test_hf_special_tokens_as_megatron_core_sees_them(tmp_path):
+    """tokenizer_config.json's special tokens, as megatron-core's HuggingFaceTokenizer
+    (through transformers) treats them; checked against megatron-core 0.19.2 with
+    transformers 5.23 on these same variants."""
+    from mmfs.preprocess.tokenizer import HuggingFaceTokenizer
+
+    spec = json.loads((GOLDEN / "hf_tokenizer" / "tokenizer.json").read_text())
+    base = len(spec["model"]["vocab"])
+
+    def load(name: str, config: dict | None, tok: dict = spec) -> HuggingFaceTokenizer:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "tokenizer.json").write_text(json.dumps(tok))
+        if config is not None:
+            (folder / "tokenizer_config.json").write_text(json.dumps(config))
+        return HuggingFaceTokenizer(str(folder))
+
+    def ids(tok: HuggingFaceTokenizer, text: str) -> list[int]:
+        return tok.encode_batch([text])[0].tolist()
+
+    assert load("none", None).eod is None  # no config: no eos, so no --append-eod
+    # eos and pad missing from the vocabulary: added in that order, after it.
+    tok = load("added", {"eos_token": "<|neweos|>", "pad_token": "<|pad|>"})
+    assert (tok.vocab_size, tok.eod) == (base + 2, base)
+    assert ids(tok, "a<|neweos|>") == ids(tok, "a") + [base]
+    # A special token in the vocabulary but not among tokenizer.json's added tokens is
+    # still matched whole in the text.
+    bare = dict(spec, added_tokens=[])
+    tok = load("in_vocab", {"eos_token": "<|endoftext|>"}, bare)
+    assert (tok.vocab_size, tok.eod) == (base, 0)
+    assert ids(tok, "<|endoftext|>") == [0]
+    # No eos: the sep token is eod; additional special tokens are added after it.
+    tok = load("sep", {"sep_token": "<|sep|>", "additional_special_tokens": ["<|c|>"]})
+    assert (tok.vocab_size, tok.eod) == (base + 2, base)
+    assert ids(tok, "<|c|>") == [base + 1]

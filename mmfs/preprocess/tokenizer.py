@@ -9,7 +9,7 @@ so does this module:
   - ids are `tokenizer(text).input_ids`: the tokenizer.json pipeline with its
     post-processor (special tokens such as a BOS), no truncation, no padding;
   - special tokens named in tokenizer_config.json (bos, eos, unk, sep, pad, cls, mask,
-    then additional ones) become special (matched whole in the text); those the
+    then extra_special_tokens or additional_special_tokens) become special (matched whole in the text); those the
     vocabulary lacks are added, in that order;
   - eod is the eos token's id (the sep token's when there is no eos token);
   - vocab_size is the vocabulary with the added tokens, `len(tokenizer)`.
@@ -77,11 +77,13 @@ class ByteLevelTokenizer(Tokenizer):
         return np.frombuffer(b"".join(data), dtype=np.uint8).astype(np.int64), lengths
 
 
-def _token_content(value) -> str | None:
-    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+def _special_token(value, added_token_class):
+    """A special token as tokenizer_config.json writes it (a string, or a dict with its
+    "content") as a special AddedToken; None if there is none. The dict's lstrip/rstrip
+    flags are not applied: transformers 5 does not apply them either."""
     if isinstance(value, dict):
         value = value.get("content")
-    return value if isinstance(value, str) else None
+    return added_token_class(value, special=True, normalized=False) if isinstance(value, str) else None
 
 
 def _locate(path: str) -> tuple[str, str | None]:
@@ -131,18 +133,18 @@ class HuggingFaceTokenizer(Tokenizer):
         # transformers encodes with no truncation and no padding, whatever tokenizer.json says.
         tok.no_truncation()
         tok.no_padding()
-        specials = {name: _token_content(config.get(name)) for name in _SPECIAL_NAMES}
-        extra = config.get("additional_special_tokens") or []
-        wanted = [specials[name] for name in _SPECIAL_NAMES]
-        wanted += [_token_content(t) for t in extra] if isinstance(extra, list) else []
+        specials = {name: _special_token(config.get(name), AddedToken) for name in _SPECIAL_NAMES}
+        extra = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
+        extra = list(extra) if isinstance(extra, (list, dict)) else []  # a dict: its keys (transformers 5)
+        wanted = [specials[name] for name in _SPECIAL_NAMES] + [_special_token(t, AddedToken) for t in extra]
         # Added as special even when in the vocabulary: transformers then matches them
         # whole in the text; only the missing ones grow the vocabulary.
-        tok.add_special_tokens([AddedToken(c, special=True, normalized=False) for c in wanted if c is not None])
-        eos = specials["eos_token"] or specials["sep_token"]
+        tok.add_special_tokens([t for t in wanted if t is not None])
+        eos = specials["eos_token"] if specials["eos_token"] is not None else specials["sep_token"]
         self._tok = tok
         self.name = path
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
-        self.eod = tok.token_to_id(eos) if eos is not None else None
+        self.eod = tok.token_to_id(eos.content) if eos is not None else None
         self.max_id = max(tok.get_vocab(with_added_tokens=True).values(), default=0)
         self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
 
