@@ -2,8 +2,9 @@
 
 Repeats the reference corpus (tests/golden/preprocess) to about --mb MB, runs
 `mmfs preprocess` with the golden Hugging Face tokenizer and --append-eod, and prints
-documents/s, MB/s and the peak memory of the whole process tree (parent + workers;
-RSS summed, and PSS, which counts shared pages once). With --megatron-python, also
+documents/s, MB/s, CPU time and the peak memory of the whole process tree (parent +
+workers; RSS summed, and PSS, which counts shared pages once). CPU time depends less
+than wall time on what else the machine runs. With --megatron-python, also
 runs benchmarks/megatron_baseline.py (Megatron's per-document path with
 megatron-core's own classes) on the same input, the two taking turns (--rounds),
 checks the outputs are byte-identical and prints the ratio of the median times.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -55,8 +57,15 @@ def memory_kb(pids: list[int]) -> tuple[int, int]:
     return rss, pss
 
 
-def measure(cmd: list[str], env: dict | None = None) -> tuple[float, int, int]:
-    """Wall seconds, peak summed RSS and PSS (MB) of a command's process tree."""
+def cpu_seconds() -> float:
+    """User + system CPU time of this process's reaped children (and theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(cmd: list[str], env: dict | None = None) -> tuple[float, float, int, int]:
+    """Wall seconds, CPU seconds, peak summed RSS and PSS (MB) of a command's process tree."""
+    cpu = cpu_seconds()
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak_rss = peak_pss = 0
@@ -67,7 +76,7 @@ def measure(cmd: list[str], env: dict | None = None) -> tuple[float, int, int]:
     secs = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr.read().decode()}")
-    return secs, peak_rss // 1024, peak_pss // 1024
+    return secs, cpu_seconds() - cpu, peak_rss // 1024, peak_pss // 1024
 
 
 def main() -> int:
@@ -103,23 +112,29 @@ def main() -> int:
                 runs["megatron-core baseline"] = [args.megatron_python, baseline, str(src),
                                                   str(GOLDEN / "hf_tokenizer"), f"{tmp}/megatron", str(args.workers)]
             times: dict[str, list[float]] = {name: [] for name in runs}
+            cpus: dict[str, list[float]] = {name: [] for name in runs}
             memory: dict[str, tuple[int, int]] = {name: (0, 0) for name in runs}
             for _ in range(args.rounds if len(runs) > 1 else 1):  # the two take turns
                 for name, cmd in runs.items():
-                    secs, rss, pss = measure(cmd, env)
+                    secs, cpu, rss, pss = measure(cmd, env)
                     times[name].append(secs)
+                    cpus[name].append(cpu)
                     memory[name] = max(memory[name], (rss, pss))
             for name in runs:
                 secs = statistics.median(times[name])
                 rss, pss = memory[name]
+                cpu = statistics.median(cpus[name])
                 print(f"  {name:24s} {secs:6.1f} s  {docs / secs:9,.0f} documents/s  {size / 1e6 / secs:5.2f} MB/s  "
-                      f"peak memory {rss} MB RSS summed, {pss} MB PSS  (runs: "
+                      f"CPU {cpu:.1f} s  peak memory {rss} MB RSS summed, {pss} MB PSS  (runs: "
                       f"{', '.join(f'{t:.1f}' for t in times[name])} s)")
             if len(runs) == 2:
                 same = all(filecmp.cmp(f"{tmp}/mmfs_text_document{s}", f"{tmp}/megatron_text_document{s}",
                                        shallow=False) for s in (".bin", ".idx"))
-                ratio = statistics.median(times["megatron-core baseline"]) / statistics.median(times["mmfs preprocess"])
-                print(f"  mmfs / baseline: {ratio:.2f}x documents/s (medians); outputs byte-identical: {same}")
+                base, ours = "megatron-core baseline", "mmfs preprocess"
+                ratio = statistics.median(times[base]) / statistics.median(times[ours])
+                cpu_ratio = statistics.median(cpus[base]) / statistics.median(cpus[ours])
+                print(f"  mmfs / baseline: {ratio:.2f}x documents/s, {cpu_ratio:.2f}x less CPU time (medians); "
+                      f"outputs byte-identical: {same}")
     return 0
 
 
