@@ -26,6 +26,7 @@ COMMANDS = {
     "umount": "mmfs.mount:umount_command",
     "bench": "mmfs.bench:bench_command",
     "which": "mmfs.which:which_command",
+    "preprocess": "mmfs.preprocess.command:preprocess_command",
 }
 
 
@@ -89,11 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", help="a YAML config with a training: block, or an mmfs mount")
     p.add_argument("--iteration", type=int, required=True, help="Megatron's iteration number (from 1)")
     p.add_argument("--rank", type=int, help="one data-parallel rank (default: every rank)")
-    p.add_argument("--split", default="train", choices=["train", "valid", "test"])
+    p.add_argument("--split", default="train", choices=SPLITS)
     p.add_argument("--microbatch", type=int, help="one micro-batch of the iteration (default: all)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--text", action="store_true", help="decode each piece's tokens")
     p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json for --text (needs `tokenizers`)")
+
+    p = sub.add_parser("preprocess", parents=[common],
+                       help="tokenize JSONL into IndexedDatasets (Megatron's tools/preprocess_data.py)")
+    from .preprocess.command import add_arguments
+    add_arguments(p)
     return parser
 
 

@@ -24,3 +24,7 @@ class MountError(MmfsError):
 
 class NativeError(MmfsError):
     """The C core rejected its input (an index that does not fit the data)."""
+
+
+class PreprocessError(MmfsError):
+    """`mmfs preprocess` cannot read its input, load its tokenizer or write its output."""
