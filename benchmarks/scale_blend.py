@@ -101,7 +101,7 @@ def generate(root: str, datasets: int, docs: int, samples: int) -> str:
     spec = {
         "datasets": [{"path": p, "weight": w} for p, w in zip(paths, weights)],
         "split": "99,1,0",
-        "samples": {"train": samples, "valid": samples // 100, "test": None},
+        "samples": {"train": samples, "valid": samples // 100, "test": samples // 1000},
         "sequence_length": SEQ_LEN,
         "seed": SEED,
         "tokenizer": {"eod": TOKENIZER["eod"], "unique_identifiers": TOKENIZER},

@@ -10,7 +10,7 @@ from .corpus import open_corpus
 
 def build_command(args) -> int:
     """Build (or load) every index of a config and print what it holds."""
-    corpus = open_corpus(args.config, progress=not args.quiet)
+    corpus = open_corpus(args.config, progress=not args.quiet, jobs=getattr(args, "jobs", None))
     summary = corpus.describe()
     if args.json:
         print(json.dumps(summary, indent=2))

@@ -93,7 +93,7 @@ class Corpus:
                     "sequences": [g.params.beg, g.params.end],
                     "num_samples_requested": g.params.num_samples,
                     "samples": len(g),
-                    "epochs": g.document_index.shape[0] // (g.params.end - g.params.beg),
+                    "epochs": g.shape("document_index")[0] // (g.params.end - g.params.beg),
                     "cache": g.cache.path("*"),
                 }
                 for g in s.gpts
@@ -105,13 +105,15 @@ class Corpus:
         return out
 
 
-def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | None = None) -> Corpus:
+def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | None = None,
+                jobs: int | None = None) -> Corpus:
     """Load a config, open its datasets and build (or load) every index.
 
     progress: log what is being built, with timings (logging level INFO).
     map_limit_mb: keep at most this many MB of index and token files mapped and
     read the rest with pread (for long-running readers, whose resident memory
-    must not grow with what they read; see arrays.py). None: map everything."""
+    must not grow with what they read; see arrays.py). None: map everything.
+    jobs: indices built at once (default: one per CPU)."""
     t0 = time.perf_counter()
     config = load_config(config_path)
     specs = config.all_datasets
@@ -122,7 +124,7 @@ def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | Non
     if not progress:
         sampling_log.setLevel(logging.WARNING)
     try:
-        splits = Builder(config, by_file).build()
+        splits = Builder(config, by_file, jobs).build()
     finally:
         sampling_log.setLevel(saved_level)
     corpus = Corpus(config, entries, by_file, splits, map_limit_mb)
