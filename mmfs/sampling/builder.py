@@ -361,6 +361,8 @@ class Builder:
         if quiet:  # the steps of each of thousands of indices would drown the progress
             gpt_log.addFilter(quiet)
         try:
+            # Cache hits first, in this thread: a thread per hit costs more than the hit.
+            pending = [t for t in pending if not self._from_cache(t)]
             while pending:
                 if self.jobs > 1 and len(pending) > 1:
                     with ThreadPoolExecutor(min(self.jobs, len(pending)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -42,16 +43,29 @@ class Corpus:
         self.pad = config.effective_pad
         # One dtype for every sample file: the widest of the datasets'.
         self.dtype = np.dtype(np.result_type(*[d.dataset.dtype for d in datasets])).newbyteorder("<")
-        self.placer = ArrayPlacer(None if map_limit_mb is None else map_limit_mb << 20)
-        sources = {file: TokenSource(ds, self.placer) for file, ds in by_file.items()}
-        self.splits = {
-            name: SplitReader(splits[name], sources, self.dtype, self.sample_tokens, self.pad,
-                              self.placer)
-            for name in SPLITS
-            if name in splits and len(splits[name]) > 0
-        }
-        self.placer.finish()
+        self._map_limit_mb = map_limit_mb
+        self._by_file = by_file
         self.indices = splits
+
+    @cached_property
+    def placer(self) -> ArrayPlacer:
+        _ = self.splits
+        return self._placer
+
+    @cached_property
+    def splits(self) -> dict[str, SplitReader]:
+        """Readers of each non-empty split. Made on first use: they map every index
+        file, which a summary of the indices (`mmfs build`) does not need."""
+        limit = self._map_limit_mb
+        self._placer = ArrayPlacer(None if limit is None else limit << 20)
+        sources = {file: TokenSource(ds, self._placer) for file, ds in self._by_file.items()}
+        splits = {
+            name: SplitReader(s, sources, self.dtype, self.sample_tokens, self.pad, self._placer)
+            for name, s in self.indices.items()
+            if len(s) > 0
+        }
+        self._placer.finish()
+        return splits
 
     def describe(self) -> dict[str, Any]:
         """What a loader needs to read the sample files (the core of mmfs.json)."""
@@ -66,7 +80,8 @@ class Corpus:
             "eod_id": self.eod,
             "pad_id": self.pad,
             "pad_value_in_dtype": int(np.array(self.pad).astype(self.dtype)),
-            "samples": {name: len(s) for name, s in self.splits.items()},
+            "samples": {name: len(self.indices[name]) for name in SPLITS
+                        if name in self.indices and len(self.indices[name]) > 0},
             "splits": {name: self._describe_split(s) for name, s in self.indices.items()},
             "datasets": [
                 {
@@ -130,7 +145,8 @@ def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | Non
     corpus = Corpus(config, entries, by_file, splits, map_limit_mb)
     if progress:
         log.info("indices ready in %.2f s: %s", time.perf_counter() - t0,
-                 ", ".join(f"{n} {len(s)} samples" for n, s in corpus.splits.items()) or "no samples")
+                 ", ".join(f"{n} {len(s)} samples" for n, s in corpus.indices.items() if len(s))
+                 or "no samples")
     return corpus
 
 
