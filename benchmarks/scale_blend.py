@@ -9,7 +9,7 @@ documents of 1..1999 tokens) and a YAML config blending them with weights
 (split 99,1,0; `--samples` train samples, 1 % as many valid; sequence_length 4096),
 then measures, each in a fresh process (time, peak resident memory, CPU seconds):
 
-  cold build        `mmfs build` on an empty cache, side by side with megatron-core's
+  cold build        `mmfs build -j` on an empty cache, side by side with megatron-core's
                     BlendedMegatronDatasetBuilder on the same blend (one run,
                     interleaved); the two caches are compared file by file
   cached re-open    `mmfs build` again
@@ -81,12 +81,10 @@ def write_dataset(prefix: str, lengths: np.ndarray) -> None:
         f.truncate(int(lengths.sum(dtype=np.int64)) * 2)
 
 
-def generate(root: str, datasets: int, docs: int, samples: int) -> str:
-    """The datasets and the config (once per root and shape); returns the config path."""
+def generate(root: str, datasets: int, docs: int, samples: int, cache_dir: str) -> str:
+    """The datasets (once per root and shape) and the config; returns the config path."""
     tag = f"{datasets}x{docs}-{samples}"
     config = os.path.join(root, f"blend-{tag}.yaml")
-    if os.path.exists(config):
-        return config
     data = os.path.join(root, f"data-{datasets}x{docs}")
     os.makedirs(data, exist_ok=True)
     rng = np.random.RandomState(0)
@@ -94,7 +92,7 @@ def generate(root: str, datasets: int, docs: int, samples: int) -> str:
     for d in range(datasets):
         prefix = os.path.join(data, f"ds{d:05d}")
         lengths = rng.randint(1, 2000, size=docs).astype(np.int32)
-        if not os.path.exists(prefix + ".idx"):
+        if not os.path.exists(prefix + ".bin"):
             write_dataset(prefix, lengths)
         paths.append(prefix)
         weights.append(round(float(rng.uniform(0.5, 2.0)), 4))
@@ -105,7 +103,7 @@ def generate(root: str, datasets: int, docs: int, samples: int) -> str:
         "sequence_length": SEQ_LEN,
         "seed": SEED,
         "tokenizer": {"eod": TOKENIZER["eod"], "unique_identifiers": TOKENIZER},
-        "cache_dir": "cache",
+        "cache_dir": cache_dir,
     }
     with open(config + ".tmp", "w") as f:
         json.dump(spec, f)  # JSON is YAML
@@ -149,8 +147,13 @@ def mmfs_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "mmfs.cli", *args]
 
 
+def cache_of(config: str) -> str:
+    with open(config) as f:
+        return os.path.join(os.path.dirname(config), json.load(f)["cache_dir"])
+
+
 def fresh_cache(config: str) -> str:
-    cache = os.path.join(os.path.dirname(config), "cache")
+    cache = cache_of(config)
     shutil.rmtree(cache, ignore_errors=True)
     return cache
 
@@ -327,12 +330,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--pbin-docs", type=int, default=10_000_000)
     ap.add_argument("--megatron-python", default=sys.executable)
+    ap.add_argument("--cache-dir", default="cache",
+                    help="index cache folder, relative to --root (e.g. one on tmpfs)")
     ap.add_argument("--skip", default="", help="comma list: cold,reopen,mount,concurrent,pbin,megatron")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     os.makedirs(args.root, exist_ok=True)
     t = time.perf_counter()
-    config = generate(args.root, args.datasets, args.docs, args.samples)
+    config = generate(args.root, args.datasets, args.docs, args.samples, args.cache_dir)
     print(f"blend: {args.datasets} datasets x {args.docs} documents, {args.samples:,} train "
           f"samples, sequence_length {SEQ_LEN} ({config}; ready in {time.perf_counter() - t:.1f} s)")
     print(f"machine: {os.cpu_count()} CPUs; each figure from one fresh process\n", flush=True)
@@ -340,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     if "cold" not in skip:
         bench_cold(config, args, megatron)
     if "reopen" not in skip:
-        if not os.path.isdir(os.path.join(os.path.dirname(config), "cache")):
+        if not os.path.isdir(cache_of(config)):
             check(run(mmfs_cmd("-q", "build", config)), "mmfs build")
         bench_reopen(config, args)
     if "mount" not in skip:

@@ -25,7 +25,8 @@ ffibuilder.cdef(
 ffibuilder.set_source(
     "mmfs._native",
     "".join(f'#include "{name}"\n' for name in HEADERS),
-    sources=[str(Path("native") / name) for name in ("mmfs_native.c", "mmfs_fuse.c", "mmfs_latency.c")],
+    sources=[str(Path("native") / name) for name in ("mmfs_native.c", "mmfs_fuse.c", "mmfs_latency.c",
+                                                       "mmfs_pickle.c")],
     include_dirs=[str(Path("native"))],
     # No FMA contraction: the blending weights must round exactly as Megatron's.
     extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off"],

@@ -15,6 +15,7 @@
 #define MMFS_E_INDEX_RANGE -7  /* a sample/document index entry is out of range */
 #define MMFS_E_OVERFLOW -8     /* a value does not fit the index dtype */
 #define MMFS_E_IO -9           /* reading a file failed */
+#define MMFS_E_UNSUPPORTED -10 /* input outside what this reader knows (a caller falls back) */
 
 /* Number of samples Megatron's build_sample_idx produces (float32 ceil when
  * the last partial sample is kept, as its C++ does). Negative on bad input. */
@@ -102,3 +103,15 @@ int64_t mmfs_read_split_sample(const mmfs_split *s, int64_t i, void *out);
  * most max_pieces triples into pieces and returns how many there are. */
 int64_t mmfs_sample_pieces(const mmfs_gpt *g, int64_t k, int64_t *pieces,
                            int64_t max_pieces);
+
+/* A .pbin index pickle (file bytes [start, end) of fd): a list of (offset,
+ * length) pairs. With offsets NULL, counts the pairs into *count; else writes
+ * offsets and lengths / token_size (at most capacity) after checking each pair
+ * against data_len. MMFS_E_UNSUPPORTED for any other pickle; MMFS_E_INDEX_RANGE
+ * for a bad pair: *count its index, *problem why (1 negative offset, 2 negative
+ * length, 3 not a multiple of token_size, 4 too long, 5 past the data),
+ * bad_value[0..1] the pair. */
+int mmfs_parse_pickle_pairs(int fd, int64_t start, int64_t end, int64_t data_len,
+                            int32_t token_size, int64_t *offsets, int32_t *lengths,
+                            int64_t capacity, int64_t *count, int32_t *problem,
+                            int64_t *bad_value);
