@@ -60,6 +60,7 @@ int mmfs_parse_pickle_pairs(int fd, int64_t start, int64_t end, int64_t data_len
     if (!r.buf) return MMFS_E_ARG;
     int rc = MMFS_E_UNSUPPORTED;
     int have_list = 0, marks = 0, ints = 0, loose = 0;
+    int64_t in_mark = 0;  /* pairs made since the (outer) mark */
     int64_t v[2] = {0, 0}, n = 0;
     uint8_t op, b[8];
     *problem = 0;
@@ -87,7 +88,10 @@ int mmfs_parse_pickle_pairs(int fd, int64_t start, int64_t end, int64_t data_len
             break;
         }
         case 0x86: case 't':                                          /* TUPLE2, TUPLE */
-            if (ints != 2 || (op == 't' ? marks != 2 : marks == 2)) goto done;
+            /* TUPLE pops to the innermost mark, which must hold the two ints only */
+            if (ints != 2 || (op == 't' ? marks == 0 || (marks == 1 && in_mark)
+                                        : marks == 2))
+                goto done;
             if (op == 't') --marks;
             if (offsets) {
                 if (n >= capacity) { rc = MMFS_E_OUT_SIZE; goto done; }
@@ -107,7 +111,7 @@ int mmfs_parse_pickle_pairs(int fd, int64_t start, int64_t end, int64_t data_len
             }
             ++n;
             ints = 0;
-            if (!marks) ++loose;
+            if (marks) ++in_mark; else ++loose;
             break;
         case 'a':                                                     /* APPEND */
             if (marks || ints || loose != 1) goto done;
@@ -116,6 +120,7 @@ int mmfs_parse_pickle_pairs(int fd, int64_t start, int64_t end, int64_t data_len
         case 'e':                                                     /* APPENDS */
             if (marks != 1 || ints) goto done;
             marks = 0;
+            in_mark = 0;
             break;
         case '.':                                                     /* STOP */
             if (!have_list || marks || ints || loose) goto done;

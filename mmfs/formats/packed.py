@@ -29,8 +29,8 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import FormatError
-from .base import SequenceDataset
 from ..native import ffi, lib
+from .base import SequenceDataset
 from .dtypes import native_code
 
 HEADER = struct.Struct("<QI")  # data-section length, token size
@@ -149,8 +149,8 @@ class PackedDataset(SequenceDataset):
         pointers, lengths = arrays
         if pointers.shape != lengths.shape:
             return None
-        view = (lambda a: a.view(np.ndarray))
-        return view(pointers), view(lengths)
+        # plain ndarray views of the maps: np.memmap's __getitem__ is slow
+        return pointers.view(np.ndarray), lengths.view(np.ndarray)
 
     def _save_cached_index(self, st: os.stat_result, pointers: np.ndarray,
                            lengths: np.ndarray) -> None:
