@@ -171,6 +171,16 @@ class IndexedDataset(SequenceDataset):
             return np.memmap(self.bin_path, dtype=np.uint8, mode="r")
         return np.zeros(0, dtype=np.uint8)
 
+    @cached_property
+    def num_tokens(self) -> int:
+        """Sum of the sequence lengths, read with pread in chunks: the length array
+        is never mapped, so a long-running reader (the mount) keeps none of it."""
+        total, chunk = 0, 1 << 20
+        for start in range(0, self.num_sequences, chunk):
+            count = min(chunk, self.num_sequences - start)
+            total += int(self._read("sequence_lengths", start, count).sum(dtype=np.int64))
+        return total
+
     def read_sequence_lengths(self) -> np.ndarray:
         """The sequence lengths read into memory with pread, never mapped: a builder
         that needs them once does not keep their pages in its resident memory."""
