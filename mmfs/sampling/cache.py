@@ -56,6 +56,7 @@ class CachedArray:
     dtype: np.dtype
     shape: tuple[int, ...]
     offset: int  # of the data in the file
+    head: bytes = b""  # the file's first bytes, as read for the header
 
     def map(self) -> np.ndarray:
         if int(np.prod(self.shape)) == 0:
@@ -66,6 +67,9 @@ class CachedArray:
     def read_item(self, flat_index: int) -> int:
         """One element (C order) read with pread, without mapping the file."""
         size = self.dtype.itemsize
+        at = self.offset + flat_index * size
+        if at + size <= len(self.head):
+            return int(np.frombuffer(self.head, dtype=self.dtype, count=1, offset=at)[0])
         with open(self.path, "rb", buffering=0) as f:
             raw = os.pread(f.fileno(), size, self.offset + flat_index * size)
         if len(raw) != size:
@@ -102,7 +106,7 @@ def read_npy_header(path: str) -> CachedArray:
     if size != offset + int(np.prod(shape)) * dtype.itemsize:
         raise ValueError(f"{size} bytes, not the {offset + int(np.prod(shape)) * dtype.itemsize} "
                          "its header says")
-    return CachedArray(path, dtype, shape, offset)
+    return CachedArray(path, dtype, shape, offset, head)
 
 
 # -- writing -----------------------------------------------------------------------
