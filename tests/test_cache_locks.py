@@ -155,6 +155,10 @@ def test_an_unwritable_cache_builds_once_per_process_and_says_what_to_do(tmp_pat
         built_again = [r for r in caplog.records if "building" in r.getMessage()
                        or "blending index" in r.getMessage()]
     assert len(built_first) == 6 and built_again == []
+    assert all(g.bytes_in_memory() > 0 for g in second.indices["train"].gpts)
+    saved = open_corpus(str(write_config(tmp_path)), progress=False)  # a writable cache
+    assert [g.bytes_in_memory() for g in saved.indices["train"].gpts] == [0, 0]
+    assert saved.indices["train"].blend.bytes_in_memory() == 0
     assert second.splits["train"].read(7) == first.splits["train"].read(7)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert not warnings  # said once, by the first open

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..config import SPLITS, Config, DatasetSpec
 from ..errors import CacheError, ConfigError
+from .arrays import file_region
 from .blend import (
     MAX_DATASETS,
     blend_description,
@@ -62,6 +63,12 @@ class _Arrays:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._arrays[name].shape)
+
+    def bytes_in_memory(self) -> int:
+        """Bytes of these arrays held in memory rather than in cache files (which
+        are mapped on first use); O(1) per array, maps nothing."""
+        return sum(int(a.nbytes) for a in self._arrays.values()
+                   if not isinstance(a, CachedArray) and file_region(a) is None)
 
 
 class GptIndices(_Arrays):
