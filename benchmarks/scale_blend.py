@@ -294,8 +294,8 @@ def bench_concurrent(config: str, args: argparse.Namespace, n: int = 4) -> None:
 
 OPEN_PBIN = r"""
 import sys, time
-t = time.perf_counter()
 from mmfs.formats.packed import PackedDataset
+t = time.perf_counter()
 PackedDataset(sys.argv[1])
 print(time.perf_counter() - t)
 """
