@@ -121,7 +121,8 @@ static double kth_largest(double *v, int32_t n, int32_t k) {
 /* helpers.cpp's greedy: sample i goes to the first d maximising
  * weights[d] * max(i, 1) - counts[d], in that exact double arithmetic.
  *
- * Done in blocks of K steps so that a sample costs O(sqrt(D)), not O(D): at a
+ * Done in blocks of K = sqrt(8 D) steps (fastest here for D = 1,000) so that a
+ * sample costs O(sqrt(D)), not O(D): at a
  * block's start, at most K datasets can be chosen within it, so one of the K+1
  * largest errors grows untouched and the maximum stays >= the (K+1)-th largest
  * error L. A dataset whose error cannot reach L within K steps (its error +
@@ -139,8 +140,10 @@ int mmfs_build_blending_index(const double *weights, int32_t num_datasets,
     double *scratch = malloc((size_t)n * sizeof(double));
     double *error0 = malloc((size_t)n * sizeof(double));
     int32_t *cand = malloc((size_t)n * sizeof(int32_t));
-    if (!counts || !scratch || !error0 || !cand) {
-        free(counts); free(scratch); free(error0); free(cand);
+    double *cand_w = malloc((size_t)n * sizeof(double));
+    double *cand_c = malloc((size_t)n * sizeof(double));
+    if (!counts || !scratch || !error0 || !cand || !cand_w || !cand_c) {
+        free(counts); free(scratch); free(error0); free(cand); free(cand_w); free(cand_c);
         return MMFS_E_ARG;
     }
     double wmax = 0.0;
@@ -151,7 +154,7 @@ int mmfs_build_blending_index(const double *weights, int32_t num_datasets,
         }
         if (weights[d] > wmax) wmax = weights[d];
     }
-    int32_t block = (int32_t)sqrt((double)n / 2.0);
+    int32_t block = (int32_t)sqrt((double)n * 8.0);
     if (wmax < 0.0 || block < 2 || block >= n) block = 0;  /* plain scan */
     int64_t i = 0;
     while (i < size) {
@@ -175,24 +178,48 @@ int mmfs_build_blending_index(const double *weights, int32_t num_datasets,
             for (int32_t d = 0; d < n; ++d)
                 if (error0[d] + weights[d] * reach + margin >= floor_max - margin) cand[m++] = d;
         }
+        if (!block) {
+            for (; i < end; ++i) {
+                double at = i > 1 ? (double)i : 1.0;
+                int32_t best = 0;
+                double best_error = weights[0] * at - (double)counts[0];
+                for (int32_t d = 1; d < n; ++d) {
+                    double error = weights[d] * at - (double)counts[d];
+                    if (error > best_error) {
+                        best_error = error;
+                        best = d;
+                    }
+                }
+                dataset_index[i] = (int16_t)best;
+                dataset_sample_index[i] = counts[best];
+                counts[best] += 1;
+            }
+            continue;
+        }
+        /* the candidates' weights and counts side by side: a contiguous scan */
+        for (int32_t k = 0; k < m; ++k) {
+            cand_w[k] = weights[cand[k]];
+            cand_c[k] = (double)counts[cand[k]];  /* exact: counts < 2**53 */
+        }
         for (; i < end; ++i) {
             double at = i > 1 ? (double)i : 1.0;
-            int32_t best = block ? cand[0] : 0;
-            double best_error = weights[best] * at - (double)counts[best];
+            int32_t best = 0;
+            double best_error = cand_w[0] * at - cand_c[0];
             for (int32_t k = 1; k < m; ++k) {
-                int32_t d = block ? cand[k] : k;
-                double error = weights[d] * at - (double)counts[d];
+                double error = cand_w[k] * at - cand_c[k];
                 if (error > best_error) {
                     best_error = error;
-                    best = d;
+                    best = k;
                 }
             }
-            dataset_index[i] = (int16_t)best;
-            dataset_sample_index[i] = counts[best];
-            counts[best] += 1;
+            int32_t d = cand[best];
+            dataset_index[i] = (int16_t)d;
+            dataset_sample_index[i] = counts[d];
+            counts[d] += 1;
+            cand_c[best] += 1.0;
         }
     }
-    free(counts); free(scratch); free(error0); free(cand);
+    free(counts); free(scratch); free(error0); free(cand); free(cand_w); free(cand_c);
     return MMFS_OK;
 }
 
