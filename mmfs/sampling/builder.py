@@ -358,9 +358,8 @@ class Builder:
     # -- obtaining indices ------------------------------------------------------------
 
     def _obtain(self, task: _Task) -> bool:
-        """Load or build one index; False when another builder holds its lock."""
-        if self._from_cache(task):
-            return True
+        """Build one index the cache did not have; False when another builder holds
+        its lock (or loaded from the cache if one finished it meanwhile)."""
         lock = None
         if task.cache.folder is not None:
             try:
@@ -418,6 +417,7 @@ class Builder:
                 for t in pending:
                     log.info("%s: waiting for the builder holding %s", t.label, t.cache.lock_path)
                     wait_unlocked(t.cache.lock_path)
+                pending = [t for t in pending if not self._from_cache(t)]
         except BaseException:
             self.batch.abandon()
             raise

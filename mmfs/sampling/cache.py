@@ -80,9 +80,12 @@ class CachedArray:
 def read_npy_header(path: str) -> CachedArray:
     """dtype, shape and data offset of a .npy file from its first bytes; ValueError
     when it is not a whole, plain .npy file (truncated, pickled, Fortran order)."""
-    with open(path, "rb", buffering=0) as f:
-        head = os.pread(f.fileno(), 4096, 0)
-        size = os.fstat(f.fileno()).st_size
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        head = os.pread(fd, 4096, 0)
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
     if head[:6] != b"\x93NUMPY" or len(head) < 10:
         raise ValueError("not a .npy file")
     if head[6] == 1:
