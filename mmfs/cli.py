@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build", parents=[common], help="build (or load) the sample indices of a config")
     p.add_argument("config", help="YAML config")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument("-j", "--jobs", type=int, default=None,
+                   help="indices built at once (default: one per CPU)")
 
     p = sub.add_parser("sample", parents=[common], help="print one sample's tokens and provenance")
     p.add_argument("config", help="YAML config")

@@ -28,7 +28,7 @@ def manifest(corpus: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]
         "eod_id": int(corpus.eod),
         "pad_id": int(corpus.pad),
         "pad_value_in_dtype": int(np.array(corpus.pad).astype(dtype)),
-        "samples": {name: len(s) for name, s in corpus.splits.items()},
+        "samples": {name: len(s) for name, s in corpus.indices.items() if len(s) > 0},
         "splits": {name: _split(corpus, name, s) for name, s in corpus.indices.items()},
         "datasets": [_dataset(e) for e in corpus.datasets],
         "file_names": "zero-padded decimal id, width max(7, digits of the largest id), then .bin",
@@ -39,7 +39,7 @@ def manifest(corpus: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]
     training = corpus.config.training
     if training is not None:
         info["training"] = describe_training(
-            training, {name: len(s) for name, s in corpus.splits.items()}, info["bytes_per_sample"])
+            training, info["samples"], info["bytes_per_sample"])
     info.update(extra or {})
     return info
 
@@ -54,7 +54,7 @@ def _split(corpus: Any, name: str, s: Any) -> dict[str, Any]:
                 "sequences": [g.params.beg, g.params.end],
                 "num_samples_requested": g.params.num_samples,
                 "samples": len(g),
-                "epochs": g.document_index.shape[0] // (g.params.end - g.params.beg),
+                "epochs": g.shape("document_index")[0] // (g.params.end - g.params.beg),
                 "cache": g.cache.path("*"),
             }
             for g in s.gpts
@@ -63,7 +63,7 @@ def _split(corpus: Any, name: str, s: Any) -> dict[str, Any]:
     if s.blend:
         out["blend"] = {"weights": s.blend.weights, "size": s.blend.size,
                         "cache": s.blend.cache.path("*")}
-    if name in corpus.splits:
+    if len(s) > 0:
         out["path"] = sample_dir(name).lstrip("/")
         out["name_width"] = name_width(len(s))
     return out

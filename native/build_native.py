@@ -11,7 +11,8 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 HEADERS = ("mmfs_native.h", "mmfs_views.h", "mmfs_fuse.h", "mmfs_randperm.h")
 HEADER = "\n".join((HERE / name).read_text() for name in HEADERS)
-SOURCES = ("mmfs_native.c", "mmfs_views.c", "mmfs_fuse.c", "mmfs_latency.c", "mmfs_randperm.c")
+SOURCES = ("mmfs_native.c", "mmfs_views.c", "mmfs_fuse.c", "mmfs_latency.c", "mmfs_randperm.c",
+           "mmfs_pickle.c")
 
 
 def cdef_line(line: str) -> str:

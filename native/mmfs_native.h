@@ -18,6 +18,7 @@
 #define MMFS_E_OVERFLOW -8     /* a value does not fit the index dtype */
 #define MMFS_E_IO -9           /* reading a file failed (short: it shrank) */
 #define MMFS_E_NOMEM -10       /* an allocation failed */
+#define MMFS_E_UNSUPPORTED -11 /* input outside what this reader knows (a caller falls back) */
 
 /* What the last failed read of this thread was doing, for a message that
  * names the file, the sequence and the byte offset (fd -1 / seq -1: none). */
@@ -169,5 +170,18 @@ int mmfs_microbatch_tokens(const void *microbatches, int64_t file, int64_t first
 int64_t mmfs_document_length(const void *documents, int64_t file);
 int mmfs_document_tokens(const void *documents, int64_t file, int64_t first, int64_t count,
                          uint8_t *out);
+
+
+/* A .pbin index pickle (file bytes [start, end) of fd): a list of (offset,
+ * length) pairs. With offsets NULL, counts the pairs into *count; else writes
+ * offsets and lengths / token_size (at most capacity) after checking each pair
+ * against data_len. MMFS_E_UNSUPPORTED for any other pickle; MMFS_E_INDEX_RANGE
+ * for a bad pair: *count its index, *problem why (1 negative offset, 2 negative
+ * length, 3 not a multiple of token_size, 4 too long, 5 past the data),
+ * bad_value[0..1] the pair. */
+int mmfs_parse_pickle_pairs(int fd, int64_t start, int64_t end, int64_t data_len,
+                            int32_t token_size, int64_t *offsets, int32_t *lengths,
+                            int64_t capacity, int64_t *count, int32_t *problem,
+                            int64_t *bad_value);
 
 #endif

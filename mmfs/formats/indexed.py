@@ -12,11 +12,14 @@
     int64[M+1] document indices (sequence id where each document starts, then N)
     int8[N]   sequence modes, multimodal datasets only (told apart by file size)
 
-Opening checks only what costs O(1); `mmfs verify` (verify.py) checks the rest.
+Opening checks only what costs O(1), reading the header and six spot values with
+pread; the arrays are mapped when first used. `mmfs verify` (verify.py) checks
+the rest.
 """
 
 import os
 import struct
+from functools import cached_property
 
 import numpy as np
 
@@ -52,6 +55,7 @@ class IndexedDataset(SequenceDataset):
     """
 
     format_name = "megatron-indexed"
+    _fd: int | None = None
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path_prefix = prefix_of(path)
@@ -64,8 +68,13 @@ class IndexedDataset(SequenceDataset):
                     f"{os.path.basename(self.idx_path)} and {os.path.basename(self.bin_path)})"
                 )
         try:
-            self._open_index()
-            self._open_data()
+            with open(self.idx_path, "rb", buffering=0) as f:
+                self._fd = f.fileno()  # for the header and spot reads of opening
+                try:
+                    self._open_index()
+                    self._open_data()
+                finally:
+                    self._fd = None
         except OSError as exc:  # unreadable file, not a bug: one line for the user
             raise FormatError(f"{exc.filename or self.path_prefix}: cannot read "
                               f"({exc.strerror or exc}); check the file's permissions") from None
@@ -79,8 +88,7 @@ class IndexedDataset(SequenceDataset):
                 f"{self.idx_path}: {idx_size} bytes is shorter than the {HEADER_SIZE}-byte "
                 "MMIDIDX header; the file is truncated or not an IndexedDataset index"
             )
-        with open(self.idx_path, "rb") as f:
-            magic, version, code, n, doc_count = HEADER.unpack(f.read(HEADER_SIZE))
+        magic, version, code, n, doc_count = HEADER.unpack(os.pread(self._fd, HEADER_SIZE, 0))
         if magic != MAGIC:
             raise FormatError(
                 f"{self.idx_path}: bad magic {magic!r} at byte 0 (expected {MAGIC!r}); "
@@ -126,14 +134,73 @@ class IndexedDataset(SequenceDataset):
         }
         if self.multimodal:
             self.array_layout["sequence_modes"] = (off_mode, np.dtype("i1"), n)
-        self._idx_map = np.memmap(self.idx_path, dtype=np.uint8, mode="r")
+
+    # -- arrays, mapped on first use ---------------------------------------
+    # Opening reads the header and a few spot values with pread and maps nothing:
+    # a blend of thousands of datasets opens without paging in their indices.
+
+    @cached_property
+    def _idx_map(self) -> np.ndarray:
         # Plain ndarray views of the map: indexing a np.memmap goes through a Python-level
         # __getitem__, which costs more than the rest of a sequence read.
-        mm = self._idx_map.view(np.ndarray)
-        self.sequence_lengths = mm[HEADER_SIZE:off_ptr].view(np.int32)
-        self.sequence_pointers = mm[off_ptr:off_doc].view(np.int64)
-        self.document_indices = mm[off_doc:off_mode].view(np.int64)
-        self.sequence_modes = mm[off_mode : off_mode + n].view(np.int8) if self.multimodal else None
+        return np.memmap(self.idx_path, dtype=np.uint8, mode="r").view(np.ndarray)
+
+    def _mapped(self, name: str) -> np.ndarray:
+        offset, dtype, count = self.array_layout[name]
+        return self._idx_map[offset : offset + dtype.itemsize * count].view(dtype.newbyteorder("="))
+
+    @cached_property
+    def sequence_lengths(self) -> np.ndarray:
+        return self._mapped("sequence_lengths")
+
+    @cached_property
+    def sequence_pointers(self) -> np.ndarray:
+        return self._mapped("sequence_pointers")
+
+    @cached_property
+    def document_indices(self) -> np.ndarray:
+        return self._mapped("document_indices")
+
+    @cached_property
+    def sequence_modes(self) -> np.ndarray | None:
+        return self._mapped("sequence_modes") if self.multimodal else None
+
+    @cached_property
+    def data(self) -> np.ndarray:
+        if self.bin_size:
+            return np.memmap(self.bin_path, dtype=np.uint8, mode="r")
+        return np.zeros(0, dtype=np.uint8)
+
+    @cached_property
+    def num_tokens(self) -> int:
+        """Sum of the sequence lengths, read with pread in chunks: the length array
+        is never mapped, so a long-running reader (the mount) keeps none of it."""
+        total, chunk = 0, 1 << 20
+        for start in range(0, self.num_sequences, chunk):
+            count = min(chunk, self.num_sequences - start)
+            total += int(self._read("sequence_lengths", start, count).sum(dtype=np.int64))
+        return total
+
+    def read_sequence_lengths(self) -> np.ndarray:
+        """The sequence lengths read into memory with pread, never mapped: a builder
+        that needs them once does not keep their pages in its resident memory."""
+        return self._read("sequence_lengths", 0, self.num_sequences)
+
+    def _read(self, name: str, start: int, count: int) -> np.ndarray:
+        offset, dtype, _ = self.array_layout[name]
+        at, size = offset + dtype.itemsize * start, dtype.itemsize * count
+        if self._fd is not None:
+            raw = os.pread(self._fd, size, at)
+        else:
+            with open(self.idx_path, "rb", buffering=0) as f:
+                raw = os.pread(f.fileno(), size, at)
+        if len(raw) != dtype.itemsize * count:
+            raise FormatError(f"{self.idx_path}: shorter than its header says; the file was "
+                              "truncated while open")
+        return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="))
+
+    def _spot(self, name: str, index: int) -> int:
+        return int(self._read(name, index, 1)[0])
 
     def _open_data(self) -> None:
         # O(1) spot checks of what Megatron's writer guarantees: the first and last
@@ -143,8 +210,8 @@ class IndexedDataset(SequenceDataset):
         n = self.num_sequences
         item = self.dtype.itemsize
         for seq in sorted({0, n - 1}) if n else ():
-            ptr = int(self.sequence_pointers[seq])
-            length = int(self.sequence_lengths[seq])
+            ptr = self._spot("sequence_pointers", seq)
+            length = self._spot("sequence_lengths", seq)
             end = ptr + length * item
             if length < 0:
                 raise FormatError(
@@ -159,7 +226,8 @@ class IndexedDataset(SequenceDataset):
                     "this .idx (rebuild or re-copy both files)"
                 )
         off_doc = self.array_layout["document_indices"][0]
-        first, last = int(self.document_indices[0]), int(self.document_indices[-1])
+        first = self._spot("document_indices", 0)
+        last = self._spot("document_indices", self.num_documents)
         if first != 0:
             raise FormatError(
                 f"{self.idx_path}: document_indices[0] (byte {off_doc}) is {first}, expected 0; "
@@ -171,7 +239,3 @@ class IndexedDataset(SequenceDataset):
                 f"{self.idx_path}: document_indices[{k}] (byte {off_doc + 8 * k}) is {last}, "
                 f"expected the sequence count {n}; the index is corrupt, rebuild it"
             )
-        if self.bin_size:
-            self.data = np.memmap(self.bin_path, dtype=np.uint8, mode="r")
-        else:
-            self.data = np.zeros(0, dtype=np.uint8)

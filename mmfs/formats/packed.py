@@ -7,23 +7,29 @@ Layout (little-endian):
     rest    pickle of a list of (byte offset, byte length) per document, offsets
             counted from the start of the data section (byte 12)
 
-The index is a pickle, and pickle can run code. It is read by an Unpickler that
-refuses every class or function lookup, so only lists, tuples and numbers come
-out of it; the result is checked entry by entry before use. Opening costs O(N)
-(the whole index is parsed and checked), unlike an MMIDIDX .idx.
+The index is a pickle, and pickle can run code. A streaming reader in C that
+knows only the opcodes of a list of integer pairs writes it straight into
+int64/int32 arrays, checking each entry (no Python object per document); a
+pickle it does not know goes to an Unpickler that refuses every class or
+function lookup, so only lists, tuples and numbers come out of it. The parsed
+index of a large file is kept in <prefix>/cache/PackedDataset_index/, named by
+the file's size and mtime, so a later open maps it in O(1).
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pickle
 import reprlib
 import struct
+from functools import cached_property
 
 import numpy as np
 
 from ..errors import FormatError
+from ..native import ffi, lib
 from .base import SequenceDataset
 from .dtypes import native_code
 
@@ -31,6 +37,15 @@ HEADER = struct.Struct("<QI")  # data-section length, token size
 HEADER_SIZE = HEADER.size  # 12
 TOKEN_DTYPES = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32)}
 _INT32_MAX = 2**31 - 1
+CACHE_FROM = 100_000  # documents: a smaller index parses faster than a cache file opens
+_PROBLEMS = {
+    1: "has a negative offset",
+    2: "has a negative length",
+    3: "has a length not a multiple of {t} bytes",
+    4: "is longer than 2**31 - 1 tokens",
+    5: "ends past the {d}-byte data section",
+}
+log = logging.getLogger(__name__)
 
 
 class _DataOnlyUnpickler(pickle.Unpickler):
@@ -82,22 +97,111 @@ class PackedDataset(SequenceDataset):
             if end > size:
                 raise self._fail(f"data-section length {data_len} at byte 0 reaches byte {end}, "
                                  f"past the end of the {size}-byte file; the file is truncated")
-            f.seek(end)
-            raw_index = f.read()
-        self.data_len = data_len
-        self.data_section = (HEADER_SIZE, end)
-        self.dtype = TOKEN_DTYPES[token_size]
-        self.dtype_code = native_code(self.dtype)
-        offsets, lengths = self._parse_index(raw_index, end, token_size)
-        n = offsets.size
+            if end == size:
+                raise self._fail(f"no index after the data section (byte {end}); the file is "
+                                 "truncated")
+            self.data_len = data_len
+            self.data_section = (HEADER_SIZE, end)
+            self.dtype = TOKEN_DTYPES[token_size]
+            self.dtype_code = native_code(self.dtype)
+            cached = self._load_cached_index(os.fstat(f.fileno()))
+            if cached is None:
+                pointers, lengths = self._read_index(f, end, token_size)
+                self._save_cached_index(os.fstat(f.fileno()), pointers, lengths)
+            else:
+                pointers, lengths = cached
+        n = lengths.size
         self.num_sequences = self.num_documents = n
         self.multimodal = False
         self.sequence_modes = None
-        self.sequence_lengths = (lengths // token_size).astype(np.int32)
-        self.sequence_pointers = offsets + HEADER_SIZE
-        self.document_indices = np.arange(n + 1, dtype=np.int64)
+        self.sequence_lengths = lengths
+        self.sequence_pointers = pointers
         self.data = (np.memmap(self.bin_path, dtype=np.uint8, mode="r") if size
                      else np.zeros(0, np.uint8))
+
+    @cached_property
+    def document_indices(self) -> np.ndarray:
+        return np.arange(self.num_sequences + 1, dtype=np.int64)
+
+    # -- the index, parsed once and kept in a cache folder ----------------------------
+
+    @property
+    def index_cache_dir(self) -> str:
+        """Beside the file, as Megatron's default index cache: <prefix>/cache/..."""
+        return os.path.join(self.bin_path[: -len(".pbin")] if self.bin_path.endswith(".pbin")
+                            else self.bin_path, "cache", "PackedDataset_index")
+
+    def _cache_paths(self, st: os.stat_result) -> tuple[str, str]:
+        base = os.path.join(self.index_cache_dir, f"{os.path.basename(self.bin_path)}-"
+                                                  f"{st.st_size}-{st.st_mtime_ns}")
+        return base + "-pointers.npy", base + "-lengths.npy"
+
+    def _load_cached_index(self, st: os.stat_result) -> tuple[np.ndarray, np.ndarray] | None:
+        """The parsed index if a cache file for this size and mtime is sound; O(1)."""
+        arrays = []
+        for path, dtype in zip(self._cache_paths(st), ("int64", "int32")):
+            try:
+                arrays.append(np.load(path, mmap_mode="r", allow_pickle=False))
+            except (OSError, ValueError):
+                return None
+            if arrays[-1].dtype != np.dtype(dtype) or arrays[-1].ndim != 1:
+                return None
+        pointers, lengths = arrays
+        if pointers.shape != lengths.shape:
+            return None
+        # plain ndarray views of the maps: np.memmap's __getitem__ is slow
+        return pointers.view(np.ndarray), lengths.view(np.ndarray)
+
+    def _save_cached_index(self, st: os.stat_result, pointers: np.ndarray,
+                           lengths: np.ndarray) -> None:
+        """Best effort: a folder that cannot take it only costs the next open a parse."""
+        if pointers.size < CACHE_FROM:
+            return
+        folder = self.index_cache_dir
+        try:
+            os.makedirs(folder, exist_ok=True)
+            stem = os.path.basename(self.bin_path) + "-"
+            for name in os.listdir(folder):  # an older version's index
+                if name.startswith(stem) and name.endswith(".npy"):
+                    os.unlink(os.path.join(folder, name))
+            for path, array in zip(self._cache_paths(st), (pointers, lengths)):
+                tmp = f"{path}.tmp-{os.getpid()}"
+                with open(tmp, "wb") as out:
+                    np.save(out, array)
+                os.replace(tmp, path)
+        except OSError as exc:
+            log.debug("%s: index not cached in %s (%s)", self.bin_path, folder, exc)
+
+    def _read_index(self, f, at: int, token_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sequence pointers int64, lengths in tokens int32), every entry checked:
+        by the streaming reader, or, for a pickle it does not know, the Unpickler."""
+        fd, end = f.fileno(), self.bin_size
+        count, problem = ffi.new("int64_t *"), ffi.new("int32_t *")
+        bad = ffi.new("int64_t[2]")
+        # One pass into arrays sized for the most pairs the pickle can hold (5 bytes
+        # each); pages past the last pair are never touched, so never resident.
+        capacity = (end - at) // 5 + 1
+        offsets = np.empty(capacity, np.int64)
+        lengths = np.empty(capacity, np.int32)
+        rc = lib.mmfs_parse_pickle_pairs(
+            fd, at, end, self.data_len, token_size,
+            ffi.cast("int64_t *", offsets.ctypes.data), ffi.cast("int32_t *", lengths.ctypes.data),
+            capacity, count, problem, bad)
+        if rc == lib.MMFS_E_INDEX_RANGE:
+            raise self._fail(f"the index (pickle at byte {at}): entry {int(count[0])} (offset "
+                             f"{int(bad[0])}, length {int(bad[1])}) "
+                             f"{_PROBLEMS[problem[0]].format(t=token_size, d=self.data_len)}; "
+                             "the file is corrupt")
+        if rc == lib.MMFS_OK:
+            n = int(count[0])
+            offsets, lengths = offsets[:n], lengths[:n]
+            offsets += HEADER_SIZE
+            return offsets, lengths
+        if rc == lib.MMFS_E_IO:
+            raise OSError(f"{self.bin_path}: read failed")
+        f.seek(at)
+        offsets, byte_lengths = self._parse_index(f.read(), at, token_size)
+        return offsets + HEADER_SIZE, (byte_lengths // token_size).astype(np.int32)
 
     def _parse_index(self, raw: bytes, at: int, token_size: int) -> tuple[np.ndarray, np.ndarray]:
         """(offsets, byte lengths) as int64 arrays, every entry checked."""

@@ -90,6 +90,10 @@ class ArrayPlacer:
     def finish(self) -> None:
         """Apply the map limit (once every array is placed)."""
         files = sorted((a.nbytes, i) for i, (_, a, region) in enumerate(self._placed) if region)
+        by_region: dict[tuple[str, int], list] = {}
+        for c, _, region in self._placed:
+            if region:
+                by_region.setdefault(region, []).append(c)
         seen: set[tuple[str, int]] = set()
         for nbytes, i in files:
             c, array, region = self._placed[i]
@@ -108,9 +112,8 @@ class ArrayPlacer:
             if fd is None:
                 fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             self.pread_bytes += nbytes
-            for c2, _, r2 in self._placed:
-                if r2 == region:
-                    c2.data, c2.fd, c2.offset = ffi.NULL, fd, offset
+            for c2 in by_region[region]:
+                c2.data, c2.fd, c2.offset = ffi.NULL, fd, offset
 
     def load(self) -> None:
         """Replace the maps of the arrays kept within the limit by copies read

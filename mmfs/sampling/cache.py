@@ -1,36 +1,268 @@
 """Megatron's index cache: `<md5>-<Class>-<split>-<suffix>` files in a folder.
 
-Files are written atomically (temporary name + rename) so builders on many hosts
-sharing a cache folder never read half a file. A file that does not load, has
-the wrong dtype or shape, or whose description differs, is treated as a miss and
+Loading reads each file's .npy header (and the description) with pread and maps
+nothing: an array is mapped when first used, so re-opening a blend of thousands
+of datasets costs a few small reads per index. A file that does not load, has
+the wrong dtype or shape, or whose description differs, is a miss and is
 rebuilt, never trusted.
+
+Saving is in two steps so that thousands of files cost one sync, not one fsync
+each: `IndexCache.stage` writes an index's files under temporary names, and
+`Batch.commit` syncs the file system once, renames every staged file into place
+(the description last: a hit needs all files) and syncs the folder. Builders on
+many hosts sharing a folder so never see half a file. Temporary files left by a
+killed builder are removed by the next one (see `clean_stale_temporaries`).
 """
 
 from __future__ import annotations
 
+import ast
+import ctypes
+import errno
 import hashlib
 import logging
 import os
-import tempfile
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import CacheError
+from .cachelock import HOST, Lock, pid_alive
+
 log = logging.getLogger(__name__)
+
+TEMP_PREFIX = ".tmp-"
+STALE_TEMP_AGE = 24 * 3600.0  # a temporary file of another host older than this is dead
+_NPY_HEADER = re.compile(r"\{'descr': '([^']+)', 'fortran_order': (True|False), "
+                         r"'shape': \(([0-9, ]*)\), \}")
 
 
 def description_hash(description: str) -> str:
     return hashlib.md5(description.encode("utf-8")).hexdigest()
 
 
-def _load(path: str) -> np.ndarray:
+# -- reading -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CachedArray:
+    """An array stored in a .npy file: known from its header, mapped on demand."""
+
+    path: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    offset: int  # of the data in the file
+    head: bytes = b""  # the file's first bytes, as read for the header
+
+    def map(self) -> np.ndarray:
+        if int(np.prod(self.shape)) == 0:
+            return np.zeros(self.shape, self.dtype)
+        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset,
+                         shape=self.shape)
+
+    def read_item(self, flat_index: int) -> int:
+        """One element (C order) read with pread, without mapping the file."""
+        size = self.dtype.itemsize
+        at = self.offset + flat_index * size
+        if at + size <= len(self.head):
+            return int(np.frombuffer(self.head, dtype=self.dtype, count=1, offset=at)[0])
+        with open(self.path, "rb", buffering=0) as f:
+            raw = os.pread(f.fileno(), size, self.offset + flat_index * size)
+        if len(raw) != size:
+            raise ValueError(f"{self.path}: truncated")
+        return int(np.frombuffer(raw, dtype=self.dtype)[0])
+
+
+def read_npy_header(path: str) -> CachedArray:
+    """dtype, shape and data offset of a .npy file from its first bytes; ValueError
+    when it is not a whole, plain .npy file (truncated, pickled, Fortran order)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError:
-        # An empty array cannot be memory-mapped; a small file is read instead
-        # (a truncated one raises again).
-        if os.path.getsize(path) > 4096:
-            raise
-        return np.load(path, allow_pickle=False)
+        head = os.pread(fd, 4096, 0)
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if head[:6] != b"\x93NUMPY" or len(head) < 10:
+        raise ValueError("not a .npy file")
+    if head[6] == 1:
+        start, length = 10, int.from_bytes(head[8:10], "little")
+    else:
+        start, length = 12, int.from_bytes(head[8:12], "little")
+    text = head[start : start + length].decode("latin1")
+    if len(text) != length:
+        raise ValueError("header truncated")
+    m = _NPY_HEADER.match(text)
+    if m:
+        descr, fortran = m.group(1), m.group(2) == "True"
+        shape = tuple(int(v) for v in m.group(3).replace(" ", "").split(",") if v)
+    else:
+        meta = ast.literal_eval(text)
+        descr, fortran, shape = meta["descr"], meta["fortran_order"], tuple(meta["shape"])
+    dtype = np.dtype(descr)
+    if fortran or dtype.hasobject:
+        raise ValueError("not a plain C-order array")
+    offset = start + length
+    if size != offset + int(np.prod(shape)) * dtype.itemsize:
+        raise ValueError(f"{size} bytes, not the {offset + int(np.prod(shape)) * dtype.itemsize} "
+                         "its header says")
+    return CachedArray(path, dtype, shape, offset, head)
+
+
+# -- writing -----------------------------------------------------------------------
+
+
+def _temp_name(folder: str, final: str) -> str:
+    return os.path.join(folder, f"{TEMP_PREFIX}{os.getpid()}@{HOST}@{uuid.uuid4().hex[:8]}-"
+                                f"{os.path.basename(final)}")
+
+
+def clean_stale_temporaries(folder: str) -> int:
+    """Remove temporary files whose writer is gone (a process of this host that
+    no longer runs, or another host's file older than STALE_TEMP_AGE); returns
+    how many were removed."""
+    removed = 0
+    try:
+        entries = [e for e in os.scandir(folder) if e.name.startswith(TEMP_PREFIX)]
+    except OSError:
+        return 0
+    now = time.time()
+    for e in entries:
+        pid, _, rest = e.name[len(TEMP_PREFIX):].partition("@")
+        host, _, _ = rest.partition("@")
+        try:
+            if host == HOST and pid.isdigit():
+                stale = not pid_alive(int(pid))
+            else:  # another host's, or an older mmfs's name: judge by age
+                stale = now - e.stat().st_mtime > STALE_TEMP_AGE
+            if stale:
+                os.unlink(e.path)
+                removed += 1
+        except OSError:
+            pass
+    if removed:
+        log.info("%s: removed %d temporary file(s) left by killed builders", folder, removed)
+    return removed
+
+
+def _syncfs(folder: str) -> None:
+    """Flush the file system holding `folder` (one call for every staged file)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syncfs = getattr(libc, "syncfs", None)
+        if syncfs is None or syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync a directory; the renames still hold
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_problem(folder: str, exc: OSError) -> str:
+    """What went wrong writing the cache in `folder`, and what to do, in words."""
+    code = exc.errno
+    text = str(exc)
+    if code in (errno.EEXIST, errno.ENOTDIR) and (os.path.exists(folder)
+                                                   and not os.path.isdir(folder)
+                                                   or code == errno.ENOTDIR):
+        return (f"{folder} is a file, not a folder; set cache_dir in the config to a folder "
+                "(or move the file away)")
+    if code in (errno.ENOSPC, errno.EDQUOT) or "requested and" in text:
+        return (f"no space left in {folder} (disk or quota full); free some space or set "
+                "cache_dir in the config to a folder on another disk")
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (f"{folder} is not writable ({exc.strerror}); set cache_dir in the config to "
+                "a writable folder")
+    return f"cannot write in {folder} ({exc.strerror or text}); set cache_dir in the config " \
+           "to a writable folder"
+
+
+class Batch:
+    """Staged index files waiting for one sync and their renames (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._staged: list[tuple[Lock | None, list[tuple[str, str]]]] = []
+        self._warned: set[str] = set()
+        self._cleaned: set[str] = set()
+
+    def add(self, lock: Lock | None, moves: list[tuple[str, str]]) -> None:
+        with self._guard:
+            self._staged.append((lock, moves))
+
+    def first_write_in(self, folder: str) -> bool:
+        with self._guard:
+            first = folder not in self._cleaned
+            self._cleaned.add(folder)
+            return first
+
+    def warn_once(self, folder: str, message: str) -> None:
+        with self._guard:
+            if folder in self._warned:
+                return
+            self._warned.add(folder)
+        log.warning("cannot write the index cache: %s. Indices stay in memory.", message)
+
+    def commit(self) -> None:
+        """Sync once, rename every staged file into place, release the locks."""
+        with self._guard:
+            staged, self._staged = self._staged, []
+        if not staged:
+            return
+        folders = sorted({os.path.dirname(final) for _, moves in staged for _, final in moves})
+        try:
+            for folder in folders:
+                _syncfs(folder)
+            for _, moves in staged:
+                for tmp, final in moves:
+                    os.replace(tmp, final)
+            for folder in folders:
+                _fsync_dir(folder)
+        except OSError as exc:
+            for _, moves in staged:
+                for tmp, _ in moves:
+                    _unlink(tmp)
+            raise CacheError(f"cannot finish the index cache: "
+                             f"{write_problem(os.path.dirname(exc.filename or folders[0]), exc)}"
+                             ) from None
+        finally:
+            for lock, _ in staged:
+                if lock is not None:
+                    lock.release()
+
+    def abandon(self) -> None:
+        """Drop staged files and release locks (a build that failed)."""
+        with self._guard:
+            staged, self._staged = self._staged, []
+        for lock, moves in staged:
+            for tmp, _ in moves:
+                _unlink(tmp)
+            if lock is not None:
+                lock.release()
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# Indices this process built but could not save, by cache file base: a second open
+# of the same config in this process (the mount re-opens) does not build them again.
+_UNSAVED: dict[str, dict[str, np.ndarray]] = {}
 
 
 class IndexCache:
@@ -43,74 +275,91 @@ class IndexCache:
         self.base = f"{self.hash}-{class_name}-{split}"
 
     def path(self, suffix: str) -> str:
-        assert self.folder is not None
+        if self.folder is None:
+            raise CacheError("no cache folder")
         return os.path.join(self.folder, f"{self.base}-{suffix}")
 
-    def load(self, specs: dict[str, tuple[tuple[str, ...], int]]) -> dict[str, np.ndarray] | None:
-        """Memory-map every array if all files are present and sound, else None.
+    @property
+    def lock_path(self) -> str:
+        return os.path.join(self.folder or "", f"{self.base}.lock")
 
-        specs: name -> (allowed dtypes, ndim).
-        """
+    def _key(self) -> str:
+        return os.path.join(self.folder or "", self.base)
+
+    def unsaved(self) -> dict[str, np.ndarray] | None:
+        """Arrays built earlier in this process that the cache could not keep."""
+        return _UNSAVED.get(self._key())
+
+    def load(self, specs: dict[str, tuple[tuple[str, ...], int]]) -> dict[str, CachedArray] | None:
+        """Every array's header if all files are present and sound, else None.
+
+        specs: name -> (allowed dtypes, ndim). Nothing is mapped."""
         if self.folder is None:
             return None
-        paths = [self.path("description.txt")] + [self.path(f"{n}.npy") for n in specs]
-        if not all(os.path.isfile(p) for p in paths):
-            return None
+        description_path = self.path("description.txt")
         try:
-            with open(paths[0], encoding="utf-8") as f:
-                if f.read() != self.description:
-                    log.warning("%s: description differs from this config; rebuilding", paths[0])
-                    return None
+            with open(description_path, "rb") as f:
+                text = f.read().decode("utf-8")
+        except FileNotFoundError:
+            return None
         except (OSError, UnicodeDecodeError) as exc:
-            log.warning("%s: unreadable (%s); rebuilding", paths[0], exc)
+            log.warning("%s: unreadable (%s); rebuilding", description_path, exc)
+            return None
+        if text != self.description:
+            log.warning("%s: description differs from this config; rebuilding", description_path)
             return None
         arrays = {}
         for name, (dtypes, ndim) in specs.items():
             p = self.path(f"{name}.npy")
             try:
-                a = _load(p)
-            except (OSError, ValueError, EOFError) as exc:
+                a = read_npy_header(p)
+            except FileNotFoundError:
+                return None
+            except (OSError, ValueError, SyntaxError, KeyError, TypeError) as exc:
                 log.warning("%s: corrupt or truncated (%s); rebuilding", p, exc)
                 return None
-            if a.dtype.name not in dtypes or a.ndim != ndim or not a.dtype.isnative:
+            if a.dtype.name not in dtypes or len(a.shape) != ndim or not a.dtype.isnative:
                 log.warning("%s: unexpected dtype %s / shape %s; rebuilding", p, a.dtype, a.shape)
                 return None
             arrays[name] = a
         return arrays
 
-    def save(self, arrays: dict[str, np.ndarray]) -> None:
-        """Write the arrays, then the description (a hit needs all files)."""
+    def stage(self, arrays: dict[str, np.ndarray], batch: Batch,
+              lock: Lock | None) -> dict[str, CachedArray | np.ndarray]:
+        """Write the arrays and the description under temporary names, to be renamed
+        by batch.commit(). Returns where each array will be (mapped after the
+        commit), or the arrays themselves when the folder cannot take them."""
         if self.folder is None:
-            return
+            return arrays
+        moves: list[tuple[str, str]] = []
+        out: dict[str, CachedArray | np.ndarray] = {}
         try:
             os.makedirs(self.folder, exist_ok=True)
+            if batch.first_write_in(self.folder):
+                clean_stale_temporaries(self.folder)
             for name, array in arrays.items():
-                self._atomic_write(self.path(f"{name}.npy"), lambda f, a=array: np.save(f, a))
-            self._atomic_write(
-                self.path("description.txt"), lambda f: f.write(self.description.encode("utf-8"))
-            )
+                final = self.path(f"{name}.npy")
+                tmp = self._write(final, lambda f, a=array: np.save(f, a), moves)
+                size = os.path.getsize(tmp)
+                out[name] = CachedArray(final, array.dtype, array.shape, size - array.nbytes)
+            self._write(self.path("description.txt"),
+                        lambda f: f.write(self.description.encode("utf-8")), moves)
         except OSError as exc:
-            log.warning(
-                "cannot write the index cache in %s (%s); indices stay in memory. "
-                "Set cache_dir in the config to a writable folder to keep them.",
-                self.folder,
-                exc.strerror or exc,
-            )
+            for tmp, _ in moves:
+                _unlink(tmp)
+            if lock is not None:
+                lock.release()
+            batch.warn_once(self.folder, write_problem(self.folder, exc))
+            _UNSAVED[self._key()] = arrays
+            return arrays
+        batch.add(lock, moves)
+        return out
 
     @staticmethod
-    def _atomic_write(path: str, write) -> None:
-        folder = os.path.dirname(path)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+    def _write(final: str, write, moves: list) -> str:
+        tmp = _temp_name(os.path.dirname(final), final)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        moves.append((tmp, final))
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        return tmp

@@ -16,7 +16,7 @@ PRINT_CHUNK = 1 << 16  # tokens turned into text at a time
 
 def build_command(args) -> int:
     """Build (or load) every index of a config and print what it holds."""
-    corpus = open_corpus(args.config, progress=not args.quiet)
+    corpus = open_corpus(args.config, progress=not args.quiet, jobs=getattr(args, "jobs", None))
     summary = manifest(corpus)
     if args.json:
         print(json.dumps(summary, indent=2))

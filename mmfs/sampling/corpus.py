@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from ..config import SPLITS, Config, load_config
+from ..config import Config, load_config
 from ..errors import MmfsError
 from ..formats import open_dataset
-from .arrays import ArrayPlacer, file_region
+from .arrays import ArrayPlacer
 from .builder import Builder, SplitIndices
 from .reader import SplitReader, TokenSource
 
@@ -41,25 +42,46 @@ class Corpus:
         self.pad = config.effective_pad
         # One dtype for every sample file: the widest of the datasets'.
         self.dtype = np.dtype(np.result_type(*[d.dataset.dtype for d in datasets])).newbyteorder("<")
-        self.placer = ArrayPlacer(None if map_limit_mb is None else map_limit_mb << 20)
-        self.sources = {file: TokenSource(ds, self.placer) for file, ds in by_file.items()}
-        self.splits = {
-            name: SplitReader(splits[name], self.sources, self.dtype, self.sample_tokens, self.pad,
-                              self.placer)
-            for name in SPLITS
-            if name in splits and len(splits[name]) > 0
-        }
-        self.placer.finish()
+        self._map_limit_mb = map_limit_mb
+        self._by_file = by_file
         self.indices = splits
 
+    @cached_property
+    def placer(self) -> ArrayPlacer:
+        _ = self.splits
+        return self._placer
 
-def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | None = None) -> Corpus:
+    @cached_property
+    def sources(self) -> dict[str, TokenSource]:
+        """The C view of each dataset file (made with the split readers)."""
+        _ = self.splits
+        return self._sources
+
+    @cached_property
+    def splits(self) -> dict[str, SplitReader]:
+        """Readers of each non-empty split. Made on first use: they map every index
+        file, which a summary of the indices (`mmfs build`) does not need."""
+        limit = self._map_limit_mb
+        self._placer = ArrayPlacer(None if limit is None else limit << 20)
+        self._sources = {file: TokenSource(ds, self._placer) for file, ds in self._by_file.items()}
+        splits = {
+            name: SplitReader(s, self._sources, self.dtype, self.sample_tokens, self.pad, self._placer)
+            for name, s in self.indices.items()
+            if len(s) > 0
+        }
+        self._placer.finish()
+        return splits
+
+
+def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | None = None,
+                jobs: int | None = None) -> Corpus:
     """Load a config, open its datasets and build (or load) every index.
 
     progress: log what is being built, with timings (logging level INFO).
     map_limit_mb: keep at most this many MB of index and token files mapped and
     read the rest with pread (for long-running readers, whose resident memory
-    must not grow with what they read; see arrays.py). None: map everything."""
+    must not grow with what they read; see arrays.py). None: map everything.
+    jobs: indices built at once (default: one per CPU)."""
     t0 = time.perf_counter()
     config = load_config(config_path)
     specs = config.all_datasets
@@ -70,13 +92,14 @@ def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | Non
     if not progress:
         sampling_log.setLevel(logging.WARNING)
     try:
-        splits = Builder(config, by_file).build()
+        splits = Builder(config, by_file, jobs).build()
     finally:
         sampling_log.setLevel(saved_level)
     corpus = Corpus(config, entries, by_file, splits, map_limit_mb)
     if progress:
         log.info("indices ready in %.2f s: %s", time.perf_counter() - t0,
-                 ", ".join(f"{n} {len(s)} samples" for n, s in corpus.splits.items()) or "no samples")
+                 ", ".join(f"{n} {len(s)} samples" for n, s in corpus.indices.items() if len(s))
+                 or "no samples")
     return corpus
 
 
@@ -90,10 +113,9 @@ def index_bytes_in_memory(corpus: Corpus) -> int:
     their cache files (a .pbin's sequence table is always in memory: not counted)."""
     total = 0
     for s in corpus.indices.values():
-        arrays = [a for g in s.gpts for a in (g.document_index, g.sample_index, g.shuffle_index)]
+        total += sum(g.bytes_in_memory() for g in s.gpts)
         if s.blend is not None:
-            arrays += [s.blend.dataset_index, s.blend.dataset_sample_index]
-        total += sum(int(a.nbytes) for a in arrays if file_region(a) is None)
+            total += s.blend.bytes_in_memory()
     return total
 
 

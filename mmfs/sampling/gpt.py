@@ -299,8 +299,9 @@ def free_disk(folder: str) -> int | None:
 
 def check_gpt_build(dataset, p: GptParams, cache_folder: str | None, config_path: str) -> None:
     """Before one GPTDataset is built: its sequences are sound (check_sequences) and
-    its indices fit in memory and in the cache folder, else one line naming the key
-    (samples.<split>, or the dataset for a one-epoch split) and the sizes."""
+    its indices fit in memory, else one line naming the key (samples.<split>, or the
+    dataset for a one-epoch split) and the sizes; a cache folder without room for them
+    is a warning (they are built in memory)."""
     tokens = check_sequences(dataset, p.beg, p.end)
     if tokens <= 0:
         return  # the builder names an empty split
@@ -328,6 +329,7 @@ def check_gpt_build(dataset, p: GptParams, cache_folder: str | None, config_path
                           f"epoch count; {fix}")
     free = None if cache_folder is None else free_disk(cache_folder)
     if free is not None and size.total > free:
-        raise ConfigError(
-            f"{prefix} {gib(size.total)} of index cache, more than the {gib(free)} free in "
-            f"{cache_folder}; {fix}, or set cache_dir to a folder with room")
+        # It fits in memory (checked above): build there, and say why nothing is cached.
+        log.warning("%s %s of index cache, more than the %s free in %s; they are built in memory "
+                    "and not cached: free some space, or set cache_dir to a folder with room",
+                    prefix, gib(size.total), gib(free), cache_folder)
