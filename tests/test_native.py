@@ -120,6 +120,10 @@ def test_samples_cut_the_document_stream(lengths, S, e, num_samples, seed):
         document_index = doc
         shuffle_index = np.arange(N, dtype=np.uint32)
 
+        @classmethod
+        def raw(cls, name):
+            return getattr(cls, name)
+
     Gpt.sample_index = sample_index
     placer = ArrayPlacer()
     reader = GptReader(Gpt, TokenSource(Data, placer), ffi.new("mmfs_gpt *"), placer)

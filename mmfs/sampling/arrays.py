@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import FormatError
 from ..formats.dtypes import native_code
 from ..native import ffi
+from .cache import CachedArray
 
 
 def file_region(array: np.ndarray) -> tuple[str, int] | None:
@@ -67,14 +68,29 @@ class ArrayPlacer:
         self._placed: list[tuple[Any, np.ndarray, tuple[str, int] | None]] = []
         self._fds: dict[str, int] = {}
         self._within: list[tuple[tuple[str, int], np.ndarray]] = []  # kept within the limit
+        self._by_region: dict[tuple[str, int], list[Any]] = {}  # structs placed on each file region
         self._copies: list[np.ndarray] = []  # what load() made
         self.mapped_bytes = 0  # file-backed, mapped (or copied by load())
         self.pread_bytes = 0   # file-backed, read with pread
         self.memory_bytes = 0  # not file-backed: held in the process's memory
 
-    def place(self, c: Any, array: np.ndarray) -> np.ndarray:
+    def place(self, c: Any, array: Any) -> Any:
         """Describe `array` (made native and contiguous) in the struct c; returns
-        the array the struct points into (the caller keeps it alive)."""
+        the array the struct points into (the caller keeps it alive).
+
+        An array still in its cache file (a CachedArray, not mapped) stays unmapped
+        under a map limit: finish() decides whether load() copies it or the C
+        core preads it. Without a limit it is mapped here."""
+        if isinstance(array, CachedArray):
+            if self.map_limit is not None and array.dtype.isnative and array.size:
+                c.dtype = native_code(array.dtype)
+                c.count = array.size
+                c.fd = -1
+                c.offset = 0
+                c.data = ffi.NULL  # until load(), or for pread
+                self._placed.append((c, array, (array.path, array.offset)))
+                return array
+            array = array.map()
         array = native_array(array)
         c.dtype = native_code(array.dtype)
         c.count = array.size
@@ -90,7 +106,7 @@ class ArrayPlacer:
     def finish(self) -> None:
         """Apply the map limit (once every array is placed)."""
         files = sorted((a.nbytes, i) for i, (_, a, region) in enumerate(self._placed) if region)
-        by_region: dict[tuple[str, int], list] = {}
+        by_region = self._by_region = {}
         for c, _, region in self._placed:
             if region:
                 by_region.setdefault(region, []).append(c)
@@ -103,15 +119,19 @@ class ArrayPlacer:
             if self.map_limit is None:
                 self.mapped_bytes += nbytes
                 continue
-            if self.mapped_bytes + nbytes <= self.map_limit:
+            within = self.mapped_bytes + nbytes <= self.map_limit
+            if within:
                 self._within.append((region, array))
                 self.mapped_bytes += nbytes
-                continue
+                if not isinstance(array, CachedArray):
+                    continue  # mapped until load() copies it
+            else:
+                self.pread_bytes += nbytes
+            # Read with pread (an unmapped CachedArray within the limit, until load()).
             path, offset = region
             fd = self._fds.get(path)
             if fd is None:
                 fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            self.pread_bytes += nbytes
             for c2 in by_region[region]:
                 c2.data, c2.fd, c2.offset = ffi.NULL, fd, offset
 
@@ -127,9 +147,8 @@ class ArrayPlacer:
                 raise FormatError(f"{path}: shorter than when it was opened (it changed); "
                                   "run the command again")
             address = ffi.cast("const uint8_t *", copy.ctypes.data)
-            for c, _, r in self._placed:
-                if r == region:
-                    c.data = address
+            for c in self._by_region[region]:
+                c.data = address
             self._copies.append(copy)
         self._within = []
 

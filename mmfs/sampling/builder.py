@@ -64,6 +64,10 @@ class _Arrays:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._arrays[name].shape)
 
+    def raw(self, name: str) -> np.ndarray | CachedArray:
+        """The array as held: in memory, or (not mapped yet) a CachedArray."""
+        return self._arrays[name]
+
     def bytes_in_memory(self) -> int:
         """Bytes of these arrays held in memory rather than in cache files (which
         are mapped on first use); O(1) per array, maps nothing."""

@@ -58,6 +58,14 @@ class CachedArray:
     offset: int  # of the data in the file
     head: bytes = b""  # the file's first bytes, as read for the header
 
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
     def map(self) -> np.ndarray:
         if int(np.prod(self.shape)) == 0:
             return np.zeros(self.shape, self.dtype)

@@ -55,9 +55,9 @@ class GptReader:
         c.extra = gpt.params.extra
         c.serial = next(_serials)
         self._keep = (
-            placer.place(c.doc_index, gpt.document_index),
-            placer.place(c.sample_index, gpt.sample_index),
-            placer.place(c.shuffle_index, gpt.shuffle_index),
+            placer.place(c.doc_index, gpt.raw("document_index")),
+            placer.place(c.sample_index, gpt.raw("sample_index")),
+            placer.place(c.shuffle_index, gpt.raw("shuffle_index")),
         )
         self.c = c
 
@@ -98,8 +98,8 @@ class SplitReader:
         blend = indices.blend
         self._keep = (gpts_c,) if blend is None else (
             gpts_c,
-            placer.place(c.dataset_index, blend.dataset_index),
-            placer.place(c.dataset_sample_index, blend.dataset_sample_index),
+            placer.place(c.dataset_index, blend.raw("dataset_index")),
+            placer.place(c.dataset_sample_index, blend.raw("dataset_sample_index")),
         )
         self.c = c
 
