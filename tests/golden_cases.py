@@ -81,3 +81,16 @@ def expected_samples(case_name: str, split: str) -> np.ndarray | None:
     if split_info is None:
         return None
     return np.load(PUBLIC / case_name / split_info["samples"])
+
+
+# A small weighted blend of two golden datasets (paths relative to a folder
+# holding a `data` link to golden/data), for config and cache tests.
+BLEND_CONFIG = {
+    "datasets": [{"path": "data/u16_docs", "weight": 0.7}, {"path": "data/u16_small", "weight": 0.3}],
+    "split": "90,8,2",
+    "samples": {"train": 100, "valid": 10, "test": 5},
+    "sequence_length": 64,
+    "seed": 3,
+    "tokenizer": {"eod": 50256, "pad": None, "vocab_size": 50257},
+    "cache_dir": "cache",
+}

@@ -14,21 +14,13 @@ import numpy as np
 import pytest
 import yaml
 
-from golden_cases import GOLDEN
+from golden_cases import BLEND_CONFIG, GOLDEN
 from mmfs.errors import CacheError
 from mmfs.sampling import cachelock, open_corpus
 from mmfs.sampling.blend import build_blending_indices
 from mmfs.sampling.cache import TEMP_PREFIX, clean_stale_temporaries, write_problem
 
-CONFIG = {
-    "datasets": [{"path": "data/u16_docs", "weight": 0.7}, {"path": "data/u16_small", "weight": 0.3}],
-    "split": "90,8,2",
-    "samples": {"train": 100, "valid": 10, "test": 5},
-    "sequence_length": 64,
-    "seed": 3,
-    "tokenizer": {"eod": 50256, "pad": None, "vocab_size": 50257},
-    "cache_dir": "cache",
-}
+CONFIG = BLEND_CONFIG
 
 
 def write_config(tmp_path, **changes):

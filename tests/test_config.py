@@ -8,20 +8,12 @@ import numpy as np
 import pytest
 import yaml
 
-from golden_cases import GOLDEN
+from golden_cases import BLEND_CONFIG, GOLDEN
 from mmfs.config import load_config
 from mmfs.errors import ConfigError
 from mmfs.sampling import open_corpus
 
-BASE = {
-    "datasets": [{"path": "data/u16_docs", "weight": 0.7}, {"path": "data/u16_small", "weight": 0.3}],
-    "split": "90,8,2",
-    "samples": {"train": 100, "valid": 10, "test": 5},
-    "sequence_length": 64,
-    "seed": 3,
-    "tokenizer": {"eod": 50256, "pad": None, "vocab_size": 50257},
-    "cache_dir": "cache",
-}
+BASE = BLEND_CONFIG
 
 
 def write(tmp_path, config, name="config.yaml"):
