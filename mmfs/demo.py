@@ -103,6 +103,10 @@ def config_text(config: Path, data_dir: Path) -> str:
         seed: 1234
         tokenizer: {{eod: {EOD}, pad: null, vocab_size: 257}}
         cache_dir: {rel}/cache
+        training:                 # the stream as Megatron's data loader hands it out
+          data_parallel_size: 4
+          micro_batch_size: 2
+          global_batch_size: 16
         """)
 
 
@@ -120,6 +124,8 @@ def shell(cmd: str, cwd: Path | None = None) -> None:
 
 
 def mmfs_cli(*args: str) -> subprocess.CompletedProcess:
+    if args[0] != "-q":
+        print(f"\n$ mmfs {' '.join(args)}", flush=True)
     return subprocess.run([sys.executable, "-m", "mmfs.cli", *args], text=True)
 
 
@@ -171,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         for piece in pieces.split():
             seq, off, length = map(int, piece.split(":"))
             print(f"   sequence {seq} = {names[dataset][seq]}: tokens {off}..{off + length}")
+        batch = mnt / "train" / "ranks" / "001" / "0000002.bin"
+        print("\n== what data-parallel rank 1 of 4 reads (micro-batches of 2 samples, Megatron's sampler):")
+        shell(f"ls {mnt}/train/ranks; ls -l {mnt}/train/ranks/001 | head -4")
+        print(f'\n$ getfattr -n user.mmfs.samples {batch}\nuser.mmfs.samples="'
+              f'{os.getxattr(batch, "user.mmfs.samples").decode()}"')
+        mmfs_cli("which", str(mnt), "--iteration", "2", "--rank", "1")
     finally:
         # Unmount before printing anything: a closed stdout must not leave a mount.
         mmfs_cli("-q", "umount", str(mnt))
