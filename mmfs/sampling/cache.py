@@ -21,6 +21,7 @@ import ctypes
 import errno
 import hashlib
 import logging
+import math
 import os
 import re
 import threading
@@ -60,14 +61,14 @@ class CachedArray:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
     def map(self) -> np.ndarray:
-        if int(np.prod(self.shape)) == 0:
+        if math.prod(self.shape) == 0:
             return np.zeros(self.shape, self.dtype)
         return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset,
                          shape=self.shape)
@@ -114,8 +115,8 @@ def read_npy_header(path: str) -> CachedArray:
     if fortran or dtype.hasobject:
         raise ValueError("not a plain C-order array")
     offset = start + length
-    if size != offset + int(np.prod(shape)) * dtype.itemsize:
-        raise ValueError(f"{size} bytes, not the {offset + int(np.prod(shape)) * dtype.itemsize} "
+    if size != offset + math.prod(shape) * dtype.itemsize:
+        raise ValueError(f"{size} bytes, not the {offset + math.prod(shape) * dtype.itemsize} "
                          "its header says")
     return CachedArray(path, dtype, shape, offset, head)
 

@@ -12,10 +12,12 @@ import numpy as np
 
 from ..errors import NativeError
 from ..formats.dtypes import native_code
+from ..formats.indexed import IndexedDataset
 from ..formats.packed import PackedDataset
 from ..native import check, ffi, lib
 from .arrays import ArrayPlacer
 from .builder import GptIndices, SplitIndices
+from .cache import CachedArray
 
 
 class TokenSource:
@@ -27,17 +29,28 @@ class TokenSource:
         c = ffi.new("mmfs_source *")
         c.dtype = native_code(dataset.dtype)
         self._keep = (
-            placer.place(c.bytes, dataset.data),
-            placer.place(c.lengths, dataset.sequence_lengths),
-            placer.place(c.pointers, dataset.sequence_pointers),
+            placer.place(c.bytes, self._array("data")),
+            placer.place(c.lengths, self._array("sequence_lengths")),
+            placer.place(c.pointers, self._array("sequence_pointers")),
         )
         self.c = c
         # Its documents: sequence ranges, or (a .pbin) one sequence each.
         docs = ffi.new("mmfs_documents *")
         docs.source = c
         if not isinstance(dataset, PackedDataset):
-            self._bounds = placer.place(docs.bounds, dataset.document_indices)
+            self._bounds = placer.place(docs.bounds, self._array("document_indices"))
         self.documents_c = docs
+
+    def _array(self, name: str):
+        """An IndexedDataset's array where it lies in its file, unmapped (the placer
+        maps, copies or preads it), or the dataset's own array."""
+        ds = self.dataset
+        if not isinstance(ds, IndexedDataset):
+            return getattr(ds, name)
+        if name == "data":
+            return CachedArray(ds.bin_path, np.dtype(np.uint8), (ds.bin_size,), 0)
+        offset, dtype, count = ds.array_layout[name]
+        return CachedArray(ds.idx_path, dtype, (count,), offset)
 
 
 _serials = itertools.count(1)  # one per mmfs_gpt struct: see its `serial`
@@ -50,7 +63,7 @@ class GptReader:
         self.gpt = gpt
         self.source = source
         self.name = gpt.spec.name
-        self.length = gpt.sample_index.shape[0] - 1
+        self.length = len(gpt)
         c.source = source.c
         c.extra = gpt.params.extra
         c.serial = next(_serials)
