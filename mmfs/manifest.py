@@ -29,7 +29,7 @@ def manifest(corpus: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]
         "pad_id": int(corpus.pad),
         "pad_value_in_dtype": int(np.array(corpus.pad).astype(dtype)),
         "samples": {name: len(s) for name, s in corpus.indices.items() if len(s) > 0},
-        "splits": {name: _split(corpus, name, s) for name, s in corpus.indices.items()},
+        "splits": describe_splits(corpus),
         "datasets": [_dataset(e) for e in corpus.datasets],
         "file_names": "zero-padded decimal id, width max(7, digits of the largest id), then .bin",
         "xattrs": dict(XATTR_DOCS),
@@ -44,7 +44,12 @@ def manifest(corpus: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]
     return info
 
 
-def _split(corpus: Any, name: str, s: Any) -> dict[str, Any]:
+def describe_splits(corpus: Any) -> dict[str, dict[str, Any]]:
+    """How each split's indices were built (mmfs.json's `splits`)."""
+    return {name: _split(name, s) for name, s in corpus.indices.items()}
+
+
+def _split(name: str, s: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
         "top_level": "BlendedDataset" if s.blend else "GPTDataset",
         "samples": len(s),

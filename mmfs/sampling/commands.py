@@ -6,7 +6,7 @@ import json
 import sys
 
 from ..errors import ConfigError, FormatError, MmfsError, NativeError
-from ..manifest import manifest
+from ..manifest import describe_splits, manifest
 from .corpus import open_corpus
 from .gpt import check_sequences, gib
 
@@ -17,12 +17,12 @@ PRINT_CHUNK = 1 << 16  # tokens turned into text at a time
 def build_command(args) -> int:
     """Build (or load) every index of a config and print what it holds."""
     corpus = open_corpus(args.config, progress=not args.quiet, jobs=getattr(args, "jobs", None))
-    summary = manifest(corpus)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(manifest(corpus), indent=2))
         return 0
-    print(f"{args.config}: {summary['tokens_per_sample']} {summary['dtype']} tokens per sample")
-    for name, split in summary["splits"].items():
+    # The text summary needs no token counts (which read every dataset's lengths).
+    print(f"{args.config}: {corpus.sample_tokens} {corpus.dtype.name} tokens per sample")
+    for name, split in describe_splits(corpus).items():
         print(f"  {name}: {split['samples']} samples ({split['top_level']})")
         for g in split["gpt_datasets"]:
             print(f"    {g['dataset']}: sequences {g['sequences'][0]}..{g['sequences'][1]}, "
