@@ -319,6 +319,48 @@ static int pread_all(int fd, uint8_t *to, int64_t n, int64_t pos) {
     return MMFS_OK;
 }
 
+/* Index entries read with pread go through a small block cache per thread:
+ * the entries a sample needs (its sequences' lengths and pointers, its rows of
+ * the indices) are scattered, but the blocks around them are read again and
+ * again, and a block in the cache costs no system call. BLOCKS x BLOCK_SIZE
+ * bytes per thread (1 MiB), allocated on first use; token reads bypass it. */
+#define BLOCK_SIZE 16384
+#define BLOCKS 64
+
+typedef struct {
+    int64_t file;     /* the mmfs_array's `file`; 0: empty */
+    int64_t number;   /* block number in the file */
+    int32_t length;   /* bytes valid (less at the end of the file) */
+    uint8_t data[BLOCK_SIZE];
+} block;
+
+static __thread block *blocks;
+
+/* n bytes of fd (opening `file`) at pos (within one block) from the block cache. */
+static int cached_pread(int fd, int64_t file, uint8_t *to, int64_t n, int64_t pos) {
+    if (file <= 0) return pread_all(fd, to, n, pos);
+    if (!blocks) {
+        blocks = calloc(BLOCKS, sizeof(block));
+        if (!blocks) return pread_all(fd, to, n, pos);
+    }
+    int64_t number = pos / BLOCK_SIZE, at = pos - number * BLOCK_SIZE;
+    block *b = &blocks[(uint64_t)(number * 31 + file) % BLOCKS];
+    if (b->file != file || b->number != number) {
+        b->file = 0;
+        ssize_t got;
+        do {
+            got = pread(fd, b->data, BLOCK_SIZE, (off_t)(number * BLOCK_SIZE));
+        } while (got < 0 && errno == EINTR);
+        if (got < 0) return fail(MMFS_E_IO, fd, pos, -1, errno);
+        b->file = file;
+        b->number = number;
+        b->length = (int32_t)got;
+    }
+    if (at + n > b->length) return fail(MMFS_E_IO, fd, pos, -1, 0); /* past the end */
+    memcpy(to, b->data + at, (size_t)n);
+    return MMFS_OK;
+}
+
 /* Raw bytes of elements [first, first + n) of a into to. */
 static int array_bytes(const mmfs_array *a, int64_t first, int64_t n, uint8_t *to) {
     int item = itemsize_of(a->dtype);
@@ -331,13 +373,31 @@ static int array_bytes(const mmfs_array *a, int64_t first, int64_t n, uint8_t *t
     return pread_all(a->fd, to, n * item, a->offset + first * item);
 }
 
+/* The same for index entries (a few at a time), through the block cache. */
+static int array_entries(const mmfs_array *a, int64_t first, int64_t n, uint8_t *to) {
+    int item = itemsize_of(a->dtype);
+    if (a->data || !item || first < 0 || n < 0 || first > a->count || n > a->count - first)
+        return array_bytes(a, first, n, to);
+    int64_t pos = a->offset + first * item, left = n * item;
+    while (left > 0) { /* block by block */
+        int64_t in_block = BLOCK_SIZE - pos % BLOCK_SIZE;
+        int64_t take = left < in_block ? left : in_block;
+        int rc = cached_pread(a->fd, a->file, to, take, pos);
+        if (rc < 0) return rc;
+        to += take;
+        pos += take;
+        left -= take;
+    }
+    return MMFS_OK;
+}
+
 #define MAX_RUN 64 /* elements fetched at once by array_ints */
 
 /* Elements [first, first + n) of an integer array as int64 (n <= MAX_RUN). */
 static int array_ints(const mmfs_array *a, int64_t first, int64_t n, int64_t *out) {
     if (a->dtype == 6 || a->dtype == 7 || n > MAX_RUN) return MMFS_E_ARG;
     uint8_t raw[MAX_RUN * 8];
-    int rc = array_bytes(a, first, n, raw);
+    int rc = array_entries(a, first, n, raw);
     if (rc < 0) return rc;
     for (int64_t i = 0; i < n; ++i) out[i] = load_as_int(raw, a->dtype, i);
     return MMFS_OK;

@@ -64,6 +64,8 @@ int mmfs_build_exhaustive_blending_index(const int64_t *sizes,
 typedef struct {
     const uint8_t *data;  /* the elements in memory, or NULL: pread them from fd */
     int32_t fd;
+    int64_t file;         /* with fd: unique to this opening of the file in the process
+                           * (keys the block cache: an fd number can be reused) */
     int64_t offset;       /* byte offset of element 0 in fd's file */
     int64_t count;        /* number of elements */
     int32_t dtype;        /* MMIDIDX code of the elements (1..9; 9 = uint32) */

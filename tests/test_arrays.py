@@ -103,3 +103,18 @@ def test_mount_counts_only_index_arrays_held_in_memory(tmp_path):
     assert not any(g.from_cache for g in built.indices["train"].gpts)
     assert index_bytes_in_memory(built) == 0
     assert index_bytes_in_memory(reopened) == 0
+
+
+def test_pread_block_cache_never_serves_another_files_blocks(tmp_path):
+    """Index entries read with pread go through a per-thread block cache keyed by
+    the opening of the file, not the fd number: corpora opened one after another in
+    one process (file descriptors reused) each read their own bytes."""
+    for round_ in range(2):
+        for case in ("p1_single_u16", "p3_multi_epoch_i32", "p4_single_multiseq"):
+            config = write_case_config(case, tmp_path / f"{case}-{round_}")
+            corpus = open_corpus(str(config), progress=False, map_limit_mb=0)
+            split = corpus.splits["train"]
+            expected = expected_samples(case, "train")
+            for i in range(0, len(split), 7):
+                assert np.array_equal(split.tokens(i).astype(np.int64), expected[i]), (case, i)
+            corpus.placer.close()

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from ..errors import PreprocessError
 
-CHUNK_BYTES = 1 << 17  # input bytes per chunk a worker gets: small keeps workers' memory low, big keeps the hand-offs few
+# Input bytes per chunk a worker gets: small keeps workers' memory low, big keeps
+# the hand-offs few.
+CHUNK_BYTES = 1 << 17
 CHUNK_LINES = 4096
 
 

@@ -14,6 +14,7 @@ error naming the file, never a crash.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 from typing import Any
@@ -55,6 +56,9 @@ def native_array(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
+_openings = itertools.count(1)  # one per file a placer opens: keys the C block cache
+
+
 class ArrayPlacer:
     """Fills `mmfs_array` structs and decides where each array is read from.
 
@@ -67,6 +71,7 @@ class ArrayPlacer:
         self.map_limit = map_limit
         self._placed: list[tuple[Any, np.ndarray, tuple[str, int] | None]] = []
         self._fds: dict[str, int] = {}
+        self._openings: dict[str, int] = {}  # path -> its `file` number (see mmfs_array)
         self._within: list[tuple[tuple[str, int], np.ndarray]] = []  # kept within the limit
         self._by_region: dict[tuple[str, int], list[Any]] = {}  # structs placed on each file region
         self._copies: list[np.ndarray] = []  # what load() made
@@ -132,8 +137,9 @@ class ArrayPlacer:
             fd = self._fds.get(path)
             if fd is None:
                 fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                self._openings[path] = next(_openings)
             for c2 in by_region[region]:
-                c2.data, c2.fd, c2.offset = ffi.NULL, fd, offset
+                c2.data, c2.fd, c2.file, c2.offset = ffi.NULL, fd, self._openings[path], offset
 
     def load(self) -> None:
         """Replace the maps of the arrays kept within the limit by copies read
