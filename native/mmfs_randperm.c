@@ -99,27 +99,21 @@ int mmfs_mt19937_raw(uint64_t seed, int64_t n, uint32_t *out) {
         }                                                                 \
     } while (0)
 
-int mmfs_randperm_i64(uint64_t seed, int64_t n, int64_t *out) {
-    if (n < 0 || (n > 0 && !out)) return MMFS_E_ARG;
-    mt19937 g;
-    mt_seed(&g, seed);
-    if (n < MMFS_RANDPERM_SMALL_LIMIT)
-        RANDPERM_SMALL(int64_t, &g, n, out);
-    else
-        RANDPERM_LARGE(int64_t, &g, n, out);
-    return MMFS_OK;
-}
+/* torch.randperm(n) into out (elements of type T, n <= max_n). */
+#define DEFINE_RANDPERM(name, T, max_n)                                   \
+    int name(uint64_t seed, int64_t n, T *out) {                          \
+        if (n < 0 || n > (max_n) || (n > 0 && !out)) return MMFS_E_ARG;   \
+        mt19937 g;                                                        \
+        mt_seed(&g, seed);                                                \
+        if (n < MMFS_RANDPERM_SMALL_LIMIT)                                \
+            RANDPERM_SMALL(T, &g, n, out);                                \
+        else                                                              \
+            RANDPERM_LARGE(T, &g, n, out);                                \
+        return MMFS_OK;                                                   \
+    }
 
-int mmfs_randperm_i32(uint64_t seed, int64_t n, int32_t *out) {
-    if (n < 0 || n > ((int64_t)1 << 31) || (n > 0 && !out)) return MMFS_E_ARG;
-    mt19937 g;
-    mt_seed(&g, seed);
-    if (n < MMFS_RANDPERM_SMALL_LIMIT)
-        RANDPERM_SMALL(int32_t, &g, n, out);
-    else
-        RANDPERM_LARGE(int32_t, &g, n, out);
-    return MMFS_OK;
-}
+DEFINE_RANDPERM(mmfs_randperm_i64, int64_t, INT64_MAX)
+DEFINE_RANDPERM(mmfs_randperm_i32, int32_t, ((int64_t)1 << 31))
 
 int mmfs_randperm_large_path_i64(uint64_t seed, int64_t n, int64_t *out) {
     if (n < 0 || (n > 0 && !out)) return MMFS_E_ARG;
