@@ -523,6 +523,11 @@ class TrainingConfig:
         }
 
 
+# Ranks the mount shows a folder for, at most: each costs the daemon a view (about
+# 2 KB), and 16,384 is past the data-parallel size of today's largest jobs.
+MAX_DATA_PARALLEL_SIZE = 16384
+
+
 def parse_training(value: Any, checker: _Checker) -> TrainingConfig | None:
     """The `training:` block, checked; None when it is absent."""
     if value is None:
@@ -538,7 +543,9 @@ def parse_training(value: Any, checker: _Checker) -> TrainingConfig | None:
     for key in ("data_parallel_size", "micro_batch_size"):
         if value.get(key) is None:
             raise checker.fail(f"training.{key}", "missing: needed to give each data-parallel rank its micro-batches")
-    dp = optional_int("data_parallel_size", 1)
+    dp = checker.integer(value["data_parallel_size"], "training.data_parallel_size", minimum=1,
+                         maximum=MAX_DATA_PARALLEL_SIZE,
+                         why=" (the mount holds a folder of micro-batches per rank)")
     mbs = optional_int("micro_batch_size", 1)
     kind = value.get("dataloader_type", "single")
     if kind not in DATALOADER_TYPES:

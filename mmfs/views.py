@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .errors import NativeError
-from .native import ffi, lib
+from .native import error_detail, ffi, lib
 
 MIN_NAME_WIDTH = 7
 
@@ -171,8 +171,6 @@ class Registry:
 def read_failure(view: View, i: int, rc: int) -> str:
     """One line on why file i of view could not be read: the C core's code and
     what it was doing (the file, the sequence, the byte offset)."""
-    from .native import error_detail
-
     where = view.describe_file(i) if view.describe_file is not None else ""
     return f"{view.path}/{view.name(i)}{where}: {error_detail(rc)}"
 
