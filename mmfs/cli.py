@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("preprocess", parents=[common],
                        help="tokenize JSONL into IndexedDatasets (Megatron's tools/preprocess_data.py)")
-    from .preprocess.command import add_arguments
+    from .preprocess import add_arguments
     add_arguments(p)
     return parser
 

@@ -29,7 +29,7 @@ from .blend import (
     build_exhaustive_blending_indices,
     sizes_per_dataset,
 )
-from .cache import Batch, CachedArray, IndexCache
+from .cache import HEADERS_FROM, Batch, CachedArray, HeaderFile, IndexCache
 from .cachelock import try_lock, wait_unlocked
 from .gpt import GptParams, build_gpt_indices, check_gpt_build
 from .splits import normalize, split_matrix, split_range
@@ -387,10 +387,16 @@ class Builder:
         self._progress.step(built=True)
         return True
 
-    def _from_cache(self, task: _Task) -> bool:
+    def _from_cache(self, task: _Task, known: dict | None = None) -> bool:
+        """Load the task's index from the cache (or from `known`, what a header file
+        holds: base -> (description FileId, arrays)); False when it is not there or
+        not sound."""
         unsaved = task.cache.unsaved()
         if unsaved is not None:
             task.result = (unsaved, False)
+        elif known and task.cache.base in known:
+            task.cache.description_file, arrays = known[task.cache.base]
+            task.result = (arrays, True)
         else:
             arrays = task.cache.load(task.specs)
             if arrays is None or not task.fits(arrays):
@@ -407,9 +413,13 @@ class Builder:
         quiet = None if self._progress.detailed else _DropInfo()
         if quiet:  # the steps of each of thousands of indices would drown the progress
             gpt_log.addFilter(quiet)
+        header_files = self._header_files(tasks)
+        known: dict = {}
+        for header_file, group in header_files:
+            known.update(header_file.read({t.cache.base: t.specs for t in group}))
         try:
             # Cache hits first, in this thread: a thread per hit costs more than the hit.
-            pending = [t for t in pending if not self._from_cache(t)]
+            pending = [t for t in pending if not self._from_cache(t, known)]
             while pending:
                 if self.jobs > 1 and len(pending) > 1:
                     with ThreadPoolExecutor(min(self.jobs, len(pending)),
@@ -429,6 +439,19 @@ class Builder:
         finally:
             if quiet:
                 gpt_log.removeFilter(quiet)
+        for header_file, group in header_files:
+            if any(t.cache.base not in known for t in group):
+                header_file.write([(t.cache, t.result[0]) for t in group])
+
+    @staticmethod
+    def _header_files(tasks: list[_Task]) -> list[tuple[HeaderFile, list[_Task]]]:
+        """A header file for each cache folder holding many of these indices."""
+        by_folder: dict[str, list[_Task]] = {}
+        for t in tasks:
+            if t.cache.folder is not None:
+                by_folder.setdefault(t.cache.folder, []).append(t)
+        return [(HeaderFile(folder, [t.cache for t in group]), group)
+                for folder, group in by_folder.items() if len(group) >= HEADERS_FROM]
 
     # -- all splits ------------------------------------------------------------------
 

@@ -12,6 +12,11 @@ each: `IndexCache.stage` writes an index's files under temporary names, and
 (the description last: a hit needs all files) and syncs the folder. Builders on
 many hosts sharing a folder so never see half a file. Temporary files left by a
 killed builder are removed by the next one (see `clean_stale_temporaries`).
+
+A folder holding many indices of one config also gets a header file
+(`HeaderFile`): every array's header and every file's size, mtime and inode, as
+loaded or saved. The next open of the same indices stats their files instead of
+reading them, so a blend of a thousand datasets re-opens with one read.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import ast
 import ctypes
 import errno
 import hashlib
+import json
 import logging
 import math
 import os
@@ -48,6 +54,14 @@ def description_hash(description: str) -> str:
 
 # -- reading -----------------------------------------------------------------------
 
+# A file is taken as unchanged while its size, mtime and inode are.
+FileId = tuple[int, int, int]
+
+
+def file_id(st: os.stat_result) -> FileId:
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 
 @dataclass(frozen=True)
 class CachedArray:
@@ -58,6 +72,7 @@ class CachedArray:
     shape: tuple[int, ...]
     offset: int  # of the data in the file
     head: bytes = b""  # the file's first bytes, as read for the header
+    file: FileId | None = None  # the file as read or written
 
     @property
     def size(self) -> int:
@@ -92,9 +107,10 @@ def read_npy_header(path: str) -> CachedArray:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         head = os.pread(fd, 4096, 0)
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
     finally:
         os.close(fd)
+    size = st.st_size
     if head[:6] != b"\x93NUMPY" or len(head) < 10:
         raise ValueError("not a .npy file")
     if head[6] == 1:
@@ -118,7 +134,28 @@ def read_npy_header(path: str) -> CachedArray:
     if size != offset + math.prod(shape) * dtype.itemsize:
         raise ValueError(f"{size} bytes, not the {offset + math.prod(shape) * dtype.itemsize} "
                          "its header says")
-    return CachedArray(path, dtype, shape, offset, head)
+    return CachedArray(path, dtype, shape, offset, head, file_id(st))
+
+
+def _read_text(path: str) -> tuple[str, FileId]:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        raw = os.read(fd, st.st_size + 1)
+    finally:
+        os.close(fd)
+    return raw.decode("utf-8"), file_id(st)
+
+
+def arrays_fit_specs(arrays: dict[str, CachedArray], specs: dict) -> bool:
+    """Each array has one of its allowed dtypes and its number of dimensions.
+    specs: name -> (allowed dtype names, ndim)."""
+    for name, (dtypes, ndim) in specs.items():
+        a = arrays[name]
+        if a.dtype.name not in dtypes or len(a.shape) != ndim or not a.dtype.isnative:
+            log.warning("%s: unexpected dtype %s / shape %s; rebuilding", a.path, a.dtype, a.shape)
+            return False
+    return True
 
 
 # -- writing -----------------------------------------------------------------------
@@ -282,6 +319,7 @@ class IndexCache:
         self.description = description
         self.hash = description_hash(description)
         self.base = f"{self.hash}-{class_name}-{split}"
+        self.description_file: FileId | None = None  # as last loaded or staged
 
     def path(self, suffix: str) -> str:
         if self.folder is None:
@@ -307,8 +345,7 @@ class IndexCache:
             return None
         description_path = self.path("description.txt")
         try:
-            with open(description_path, "rb") as f:
-                text = f.read().decode("utf-8")
+            text, self.description_file = _read_text(description_path)
         except FileNotFoundError:
             return None
         except (OSError, UnicodeDecodeError) as exc:
@@ -318,20 +355,16 @@ class IndexCache:
             log.warning("%s: description differs from this config; rebuilding", description_path)
             return None
         arrays = {}
-        for name, (dtypes, ndim) in specs.items():
+        for name in specs:
             p = self.path(f"{name}.npy")
             try:
-                a = read_npy_header(p)
+                arrays[name] = read_npy_header(p)
             except FileNotFoundError:
                 return None
             except (OSError, ValueError, SyntaxError, KeyError, TypeError) as exc:
                 log.warning("%s: corrupt or truncated (%s); rebuilding", p, exc)
                 return None
-            if a.dtype.name not in dtypes or len(a.shape) != ndim or not a.dtype.isnative:
-                log.warning("%s: unexpected dtype %s / shape %s; rebuilding", p, a.dtype, a.shape)
-                return None
-            arrays[name] = a
-        return arrays
+        return arrays if arrays_fit_specs(arrays, specs) else None
 
     def stage(self, arrays: dict[str, np.ndarray], batch: Batch,
               lock: Lock | None) -> dict[str, CachedArray | np.ndarray]:
@@ -348,11 +381,12 @@ class IndexCache:
                 clean_stale_temporaries(self.folder)
             for name, array in arrays.items():
                 final = self.path(f"{name}.npy")
-                tmp = self._write(final, lambda f, a=array: np.save(f, a), moves)
-                size = os.path.getsize(tmp)
-                out[name] = CachedArray(final, array.dtype, array.shape, size - array.nbytes)
-            self._write(self.path("description.txt"),
-                        lambda f: f.write(self.description.encode("utf-8")), moves)
+                written = self._write(final, lambda f, a=array: np.save(f, a), moves)
+                out[name] = CachedArray(final, array.dtype, array.shape,
+                                        written[0] - array.nbytes, file=written)
+            self.description_file = self._write(
+                self.path("description.txt"), lambda f: f.write(self.description.encode("utf-8")),
+                moves)
         except OSError as exc:
             for tmp, _ in moves:
                 _unlink(tmp)
@@ -365,10 +399,91 @@ class IndexCache:
         return out
 
     @staticmethod
-    def _write(final: str, write, moves: list) -> str:
+    def _write(final: str, write, moves: list) -> FileId:
+        """Write a temporary file to be renamed to `final`; the FileId it will have."""
         tmp = _temp_name(os.path.dirname(final), final)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         moves.append((tmp, final))
         with os.fdopen(fd, "wb") as f:
             write(f)
-        return tmp
+            f.flush()
+            return file_id(os.fstat(fd))
+
+
+# -- the headers of many indices in one file ----------------------------------------
+
+HEADERS_FROM = 16  # indices of a config in one folder; with fewer, their own files do
+
+
+class HeaderFile:
+    """The headers of a config's indices in one folder, in `<md5>-mmfs-headers.json`
+    (the md5 of their file names), with each file's FileId as it was loaded or
+    written. An index whose files all still have those ids is known without reading
+    them; one whose files changed is loaded the usual way (and the header file
+    written again). Losing this file costs only time, so it is not synced."""
+
+    VERSION = 1
+
+    def __init__(self, folder: str, caches: list[IndexCache]) -> None:
+        self.folder = folder
+        key = description_hash("\n".join(sorted({c.base for c in caches})))
+        self.path = os.path.join(folder, f"{key}-mmfs-headers.json")
+
+    def read(self, specs: dict[str, dict]) -> dict[str, tuple[FileId, dict[str, CachedArray]]]:
+        """base -> (its description's FileId, its arrays), for each index of `specs`
+        (base -> its arrays' specs) whose files are unchanged; nothing when the
+        header file is missing or unreadable."""
+        try:
+            with open(self.path, "rb") as f:
+                saved = json.loads(f.read())
+            entries = saved["indices"] if saved["version"] == self.VERSION else {}
+        except (OSError, ValueError, LookupError, TypeError):
+            return {}
+        if not isinstance(entries, dict):
+            return {}
+        dtypes: dict[str, np.dtype] = {}
+        known = {}
+        for base, array_specs in specs.items():
+            try:
+                arrays = self._unchanged(base, entries.get(base), array_specs, dtypes)
+            except (OSError, ValueError, LookupError, TypeError, AttributeError):
+                arrays = None  # gone, changed or malformed: load it the usual way
+            if arrays is not None:
+                known[base] = arrays
+        return known
+
+    def _unchanged(self, base: str, entry: dict, specs: dict,
+                   dtypes: dict) -> tuple[FileId, dict[str, CachedArray]] | None:
+        description = file_id(os.stat(os.path.join(self.folder, f"{base}-description.txt")))
+        if description != tuple(entry["description.txt"]):
+            return None
+        arrays = {}
+        for name in specs:
+            descr, shape, offset, saved_id = entry[name]
+            path = os.path.join(self.folder, f"{base}-{name}.npy")
+            now = file_id(os.stat(path))
+            dtype = dtypes.get(descr) or dtypes.setdefault(descr, np.dtype(descr))
+            shape = tuple(int(n) for n in shape)
+            if now != tuple(saved_id) or min(shape, default=0) < 0 or \
+                    now[0] != int(offset) + math.prod(shape) * dtype.itemsize:
+                return None
+            arrays[name] = CachedArray(path, dtype, shape, int(offset), file=now)
+        return (description, arrays) if arrays_fit_specs(arrays, specs) else None
+
+    def write(self, indices: list[tuple[IndexCache, dict]]) -> None:
+        """Record every index (cache, arrays) held in its cache files."""
+        entries = {}
+        for cache, arrays in indices:
+            if cache.description_file is None or not all(
+                    isinstance(a, CachedArray) and a.file for a in arrays.values()):
+                continue  # held in memory: not in the cache
+            entries[cache.base] = {"description.txt": cache.description_file, **{
+                name: [a.dtype.str, a.shape, a.offset, a.file] for name, a in arrays.items()}}
+        tmp = _temp_name(self.folder, self.path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"version": self.VERSION, "indices": entries}, f, separators=(",", ":"))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            _unlink(tmp)
+            log.debug("%s: not written (%s)", self.path, exc)

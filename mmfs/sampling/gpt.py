@@ -46,7 +46,7 @@ class GptParams:
     add_extra_token: bool
     drop_last_partial: bool
     config_split: str | None
-    config_split_matrix: list | None
+    config_split_matrix: tuple | None
     tokenizer_identifiers: dict[str, Any]
 
     @property

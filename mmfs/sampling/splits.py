@@ -7,6 +7,7 @@ them (e.g. [0, 0.969]), so they are computed the way megatron-core does.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import numpy as np
 
@@ -26,8 +27,9 @@ def split_vector(split: str) -> list[float]:
     return normalize(parts)
 
 
-def split_matrix(split: str) -> list[tuple[float, float] | None]:
-    """convert_split_vector_to_split_matrix for one vector: [(lo, hi) or None] per split.
+@lru_cache(maxsize=64)  # asked once per index: thousands of times for a large blend
+def split_matrix(split: str) -> tuple[tuple[float, float] | None, ...]:
+    """convert_split_vector_to_split_matrix for one vector: (lo, hi) or None per split.
 
     The running sum starts at the int 0, as Megatron's does, so the first bookend
     prints as 0 (not 0.0) in the description JSON.
@@ -35,10 +37,7 @@ def split_matrix(split: str) -> list[tuple[float, float] | None]:
     ends: list[float] = [0]
     for w in split_vector(split):
         ends.append(ends[-1] + w)
-    matrix = []
-    for lo, hi in zip(ends[:-1], ends[1:]):
-        matrix.append(None if hi <= lo else (lo, hi))
-    return matrix
+    return tuple(None if hi <= lo else (lo, hi) for lo, hi in zip(ends[:-1], ends[1:]))
 
 
 def split_range(bookend: tuple[float, float], num_sequences: int) -> tuple[int, int]:

@@ -1,0 +1,146 @@
+"""The header file of a cache folder holding many indices of one config: a re-open
+opens it and no other cache file, and anything changed under it is noticed."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from mmfs.formats.writer import IndexedDatasetWriter
+from mmfs.sampling import open_corpus
+from mmfs.sampling.cache import HEADERS_FROM
+
+DATASETS = 8  # x 2 splits, and 2 blends: above HEADERS_FROM indices in one folder
+
+# A re-open in a fresh process: which cache files it opens (audit events of
+# open and os.open), and a sample of each split.
+REOPEN = """
+import json, os, sys
+cache = os.path.realpath(sys.argv[2])
+opened = []
+def hook(event, args):
+    if event == "open" and isinstance(args[0], str) and \\
+            os.path.realpath(args[0]).startswith(cache + os.sep):
+        opened.append(os.path.basename(args[0]))
+sys.addaudithook(hook)
+from mmfs.sampling import open_corpus
+corpus = open_corpus(sys.argv[1], progress=False)
+opened_by_open = list(opened)
+samples = {n: s.read(3).hex() for n, s in corpus.splits.items()}
+print(json.dumps({"opened": opened_by_open, "samples": samples,
+                  "from_cache": all(g.from_cache for s in corpus.indices.values() for g in s.gpts)}))
+"""
+
+
+@pytest.fixture
+def blend(tmp_path):
+    rng = np.random.RandomState(0)
+    paths = []
+    for d in range(DATASETS):
+        prefix = str(tmp_path / f"ds{d}")
+        with IndexedDatasetWriter(prefix + ".bin", dtype=np.uint16) as w:
+            for _ in range(300):
+                w.add_item(rng.randint(1, 100, size=rng.randint(1, 40)))
+                w.end_document()
+            w.finalize(prefix + ".idx")
+        paths.append(prefix)
+    config = tmp_path / "blend.yaml"
+    config.write_text(yaml.safe_dump({
+        "datasets": [{"path": p, "weight": 1.0 + d} for d, p in enumerate(paths)],
+        "split": "90,10,0", "samples": {"train": 500, "valid": 50, "test": 0},
+        "sequence_length": 16, "tokenizer": {"eod": 0}, "cache_dir": "cache"}))
+    return config, tmp_path / "cache"
+
+
+def reopen(config, cache) -> dict:
+    out = subprocess.run([sys.executable, "-c", REOPEN, str(config), str(cache)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def header_files(cache) -> list[str]:
+    return [n for n in os.listdir(cache) if n.endswith("-mmfs-headers.json")]
+
+
+def test_a_reopen_opens_only_the_header_file(blend):
+    config, cache = blend
+    assert 2 * DATASETS + 2 >= HEADERS_FROM
+    open_corpus(str(config), progress=False)
+    assert len(header_files(cache)) == 1
+    first = reopen(config, cache)
+    assert first["from_cache"] and first["opened"] == header_files(cache)
+    assert reopen(config, cache) == first
+
+
+def test_a_changed_file_is_read_again_and_the_header_file_rewritten(blend):
+    config, cache = blend
+    open_corpus(str(config), progress=False)
+    expected = reopen(config, cache)
+    header = cache / header_files(cache)[0]
+    before = header.read_bytes()
+    doc = sorted(n for n in os.listdir(cache) if n.endswith("-train-document_index.npy"))[0]
+    base = doc[: -len("-document_index.npy")]
+    (cache / doc).write_bytes((cache / doc).read_bytes())  # same bytes, new mtime
+    again = reopen(config, cache)
+    assert again["samples"] == expected["samples"] and again["from_cache"]
+    # the header file, then the changed index's description and arrays, read the usual way
+    assert again["opened"][0] == header.name
+    assert sorted(again["opened"][1:-1]) == sorted(
+        f"{base}-{s}" for s in ("description.txt", "document_index.npy", "sample_index.npy",
+                                "shuffle_index.npy"))
+    assert header.read_bytes() != before  # rewritten with the file's new identity
+    assert reopen(config, cache)["opened"] == [header.name]
+
+
+def test_a_truncated_index_under_the_header_file_is_rebuilt(blend):
+    config, cache = blend
+    open_corpus(str(config), progress=False)
+    expected = reopen(config, cache)
+    sample = sorted(n for n in os.listdir(cache) if n.endswith("-train-sample_index.npy"))[0]
+    with open(cache / sample, "r+b") as f:
+        f.truncate(os.path.getsize(cache / sample) - 8)
+    again = reopen(config, cache)
+    assert again["samples"] == expected["samples"] and not again["from_cache"]
+    assert reopen(config, cache)["opened"] == header_files(cache)
+
+
+@pytest.mark.parametrize("content", [b"", b"not json", b"[]", b'{"version": 1, "indices": []}',
+                                     b'{"version": 1, "indices": {"x": 1}}'])
+def test_a_damaged_header_file_is_ignored_and_replaced(blend, content):
+    config, cache = blend
+    open_corpus(str(config), progress=False)
+    expected = reopen(config, cache)
+    header = cache / header_files(cache)[0]
+    header.write_bytes(content)
+    again = reopen(config, cache)
+    assert again["samples"] == expected["samples"] and again["from_cache"]
+    assert len(again["opened"]) > 1
+    assert reopen(config, cache)["opened"] == [header.name]
+
+
+def test_a_header_file_entry_that_lies_about_a_shape_is_not_believed(blend):
+    config, cache = blend
+    open_corpus(str(config), progress=False)
+    expected = reopen(config, cache)
+    header = cache / header_files(cache)[0]
+    saved = json.loads(header.read_bytes())
+    entry = next(v for k, v in saved["indices"].items() if "-GPTDataset-" in k)
+    entry["sample_index"][1][0] += 1  # one row more than the file holds
+    header.write_text(json.dumps(saved))
+    again = reopen(config, cache)
+    assert again["samples"] == expected["samples"] and again["from_cache"]
+    assert len(again["opened"]) == 1 + 4 + 1  # the header file, one index, the new header file
+
+
+def test_few_indices_in_a_folder_get_no_header_file(tmp_path):
+    from golden_cases import BLEND_CONFIG, GOLDEN
+
+    (tmp_path / "data").symlink_to(GOLDEN / "data", target_is_directory=True)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(BLEND_CONFIG))
+    open_corpus(str(config), progress=False)
+    assert header_files(tmp_path / "cache") == []
