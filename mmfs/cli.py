@@ -7,9 +7,15 @@ import logging
 import os
 import sys
 
-from . import __version__
-from .config import SPLITS
-from .errors import MmfsError
+# No mmfs command does linear algebra, but numpy's OpenBLAS starts a thread per CPU
+# that spins for a while after start-up: 0.1 CPU-s of every command, and of each of
+# many builders sharing a cache. Set before anything imports numpy; a user's
+# setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from . import __version__  # noqa: E402 - after the setting above
+from .config import SPLITS  # noqa: E402
+from .errors import MmfsError  # noqa: E402
 
 # Characters that end a line (str.splitlines): escaped in an error message, so that
 # a file name holding one still gives a single line.

@@ -238,6 +238,7 @@ class Builder:
         self.datasets = datasets
         self.jobs = jobs or default_jobs()
         self.batch = Batch()
+        self._folders_made: set[str] = set()
         self._progress = _Progress(0)
         self._descriptions = _Descriptions()
 
@@ -368,7 +369,9 @@ class Builder:
         lock = None
         if task.cache.folder is not None:
             try:
-                os.makedirs(task.cache.folder, exist_ok=True)
+                if task.cache.folder not in self._folders_made:
+                    os.makedirs(task.cache.folder, exist_ok=True)
+                    self._folders_made.add(task.cache.folder)
                 lock = try_lock(task.cache.lock_path)
             except OSError:
                 lock = False  # unwritable: build in memory (stage() says why, once)

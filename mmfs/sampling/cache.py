@@ -24,7 +24,9 @@ from __future__ import annotations
 import ast
 import ctypes
 import errno
+import functools
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -147,12 +149,17 @@ def _read_text(path: str) -> tuple[str, FileId]:
     return raw.decode("utf-8"), file_id(st)
 
 
+@functools.lru_cache(maxsize=None)
+def _native_dtypes(names: tuple[str, ...]) -> frozenset[np.dtype]:
+    return frozenset(np.dtype(n) for n in names)
+
+
 def arrays_fit_specs(arrays: dict[str, CachedArray], specs: dict) -> bool:
-    """Each array has one of its allowed dtypes and its number of dimensions.
-    specs: name -> (allowed dtype names, ndim)."""
+    """Each array has one of its allowed dtypes (in native byte order) and its
+    number of dimensions. specs: name -> (allowed dtype names, ndim)."""
     for name, (dtypes, ndim) in specs.items():
         a = arrays[name]
-        if a.dtype.name not in dtypes or len(a.shape) != ndim or not a.dtype.isnative:
+        if a.dtype not in _native_dtypes(dtypes) or len(a.shape) != ndim:
             log.warning("%s: unexpected dtype %s / shape %s; rebuilding", a.path, a.dtype, a.shape)
             return False
     return True
@@ -161,8 +168,12 @@ def arrays_fit_specs(arrays: dict[str, CachedArray], specs: dict) -> bool:
 # -- writing -----------------------------------------------------------------------
 
 
+_RUN = uuid.uuid4().hex[:8]  # with the pid and a count: unique, without a uuid per file
+_COUNT = itertools.count()
+
+
 def _temp_name(folder: str, final: str) -> str:
-    return os.path.join(folder, f"{TEMP_PREFIX}{os.getpid()}@{HOST}@{uuid.uuid4().hex[:8]}-"
+    return os.path.join(folder, f"{TEMP_PREFIX}{os.getpid()}@{HOST}@{_RUN}.{next(_COUNT)}-"
                                 f"{os.path.basename(final)}")
 
 
@@ -376,8 +387,8 @@ class IndexCache:
         moves: list[tuple[str, str]] = []
         out: dict[str, CachedArray | np.ndarray] = {}
         try:
-            os.makedirs(self.folder, exist_ok=True)
             if batch.first_write_in(self.folder):
+                os.makedirs(self.folder, exist_ok=True)
                 clean_stale_temporaries(self.folder)
             for name, array in arrays.items():
                 final = self.path(f"{name}.npy")
@@ -479,10 +490,11 @@ class HeaderFile:
                 continue  # held in memory: not in the cache
             entries[cache.base] = {"description.txt": cache.description_file, **{
                 name: [a.dtype.str, a.shape, a.offset, a.file] for name, a in arrays.items()}}
+        text = json.dumps({"version": self.VERSION, "indices": entries}, separators=(",", ":"))
         tmp = _temp_name(self.folder, self.path)
         try:
             with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"version": self.VERSION, "indices": entries}, f, separators=(",", ":"))
+                f.write(text)  # dumps, not dump: dump encodes in pure Python
             os.replace(tmp, self.path)
         except OSError as exc:
             _unlink(tmp)

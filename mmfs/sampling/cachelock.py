@@ -112,31 +112,24 @@ _HEARTBEAT = _Heartbeat()
 
 
 def try_lock(path: str) -> Lock | None:
-    """Take the lock if nobody holds it (a stale one is taken over); else None.
-    OSError when the folder is not writable."""
-    for _ in range(3):
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            owner = read_owner(path)
-            if owner is None:
-                continue  # released meanwhile: try again
-            if dead_here(owner):
-                log.warning("%s: its builder (pid %s on %s) is gone; taking the lock over",
-                            path, owner.get("pid"), owner.get("host"))
-                _remove_if_unchanged(path)
-                continue
-            return None
-        try:
-            os.write(fd, json.dumps({"host": HOST, "pid": os.getpid(),
-                                     "start": time.time()}).encode())
-            stat = os.fstat(fd)
-        finally:
-            os.close(fd)
-        lock = Lock(path, stat)
-        _HEARTBEAT.add(lock)
-        return lock
-    return None
+    """Take the lock if its file does not exist; else None (even when its holder is
+    dead: wait_unlocked judges that, so that a builder passing over thousands of
+    held locks reads none of them). OSError when the folder is not writable."""
+    if os.path.lexists(path):  # a lookup; O_CREAT would lock the folder to find out
+        return None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return None
+    try:
+        os.write(fd, json.dumps({"host": HOST, "pid": os.getpid(),
+                                 "start": time.time()}).encode())
+        stat = os.fstat(fd)
+    finally:
+        os.close(fd)
+    lock = Lock(path, stat)
+    _HEARTBEAT.add(lock)
+    return lock
 
 
 def _remove_if_unchanged(path: str, seen: os.stat_result | None = None) -> None:
@@ -169,9 +162,14 @@ def wait_unlocked(path: str, stale_after: float | None = None,
         owner = read_owner(path)
         if owner is None:
             return
-        if dead_here(owner) or now - seen_since > stale_after:
+        if dead_here(owner):
+            log.warning("%s: its builder (pid %s on %s) is gone; taking the lock over",
+                        path, owner.get("pid"), owner.get("host"))
+            _remove_if_unchanged(path, st)
+            return
+        if now - seen_since > stale_after:
             log.warning("%s: stale lock (builder pid %s on %s, not refreshed for %.0f s); "
-                        "taking over", path, owner.get("pid"), owner.get("host"),
+                        "taking the lock over", path, owner.get("pid"), owner.get("host"),
                         now - seen_since)
             _remove_if_unchanged(path, st)
             return

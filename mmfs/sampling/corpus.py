@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -73,6 +75,20 @@ class Corpus:
         return splits
 
 
+@contextmanager
+def _collector_paused():
+    """Opening a blend of thousands of datasets makes hundreds of thousands of small
+    objects and no garbage cycles to speak of; the cyclic collector's passes over
+    them cost a tenth of a cached re-open."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | None = None,
                 jobs: int | None = None) -> Corpus:
     """Load a config, open its datasets and build (or load) every index.
@@ -82,6 +98,12 @@ def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | Non
     read the rest with pread (for long-running readers, whose resident memory
     must not grow with what they read; see arrays.py). None: map everything.
     jobs: indices built at once (default: one per CPU)."""
+    with _collector_paused():
+        return _open_corpus(config_path, progress, map_limit_mb, jobs)
+
+
+def _open_corpus(config_path: str, progress: bool, map_limit_mb: int | None,
+                 jobs: int | None) -> Corpus:
     t0 = time.perf_counter()
     config = load_config(config_path)
     specs = config.all_datasets
