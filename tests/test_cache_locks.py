@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from golden_cases import BLEND_CONFIG, GOLDEN
+from tiny_blends import write_tiny_blend
 from mmfs.errors import CacheError
 from mmfs.sampling import cachelock, open_corpus
 from mmfs.sampling.blend import build_blending_indices
@@ -260,3 +261,68 @@ def test_blocked_blending_index_picks_what_the_full_scan_picks(kind):
             best = int(np.argmax(wv * (float(i) if i > 1 else 1.0) - counts.astype(np.float64)))
             assert got["dataset_index"][i] == best and got["dataset_sample_index"][i] == counts[best]
             counts[best] += 1
+
+
+def test_a_large_blend_is_built_under_claims_of_several_indices(tmp_path, monkeypatch):
+    from mmfs.sampling import builder
+
+    config = write_tiny_blend(tmp_path, 70)  # 140 GPTDatasets and 2 blends: claims of 2
+    taken = []
+    real = builder.try_lock
+
+    def recording(path):
+        taken.append(os.path.basename(path))
+        return real(path)
+
+    monkeypatch.setattr(builder, "try_lock", recording)
+    open_corpus(config, progress=False)
+    claims = [n for n in taken if n.endswith("-indices.lock")]
+    singles = [n for n in taken if not n.endswith("-indices.lock")]
+    assert len(claims) == len(set(claims)) == 70
+    assert len(singles) == 2 and all("-BlendedDataset-" in n for n in singles)
+    assert not [n for n in os.listdir(tmp_path / "cache") if n.endswith(".lock")]
+
+
+def test_concurrent_builders_of_a_large_blend_build_each_index_once(tmp_path):
+    config = write_tiny_blend(tmp_path, 70)
+    procs = [mmfs("-v", "build", config, "-j", "2") for _ in range(4)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [r[1][-2000:] for r in results]
+    assert len({r[0] for r in results}) == 1
+    labels = [label for _, err in results for label in built_labels(err)]
+    assert sorted(labels) == sorted(set(labels)) and len(labels) == 142, len(labels)
+    names = os.listdir(tmp_path / "cache")
+    assert not [n for n in names if n.endswith(".lock") or n.startswith(TEMP_PREFIX)]
+    assert len(names) == 140 * 4 + 2 * 3 + 1  # and the header file
+
+
+DIE_AFTER_ONE_INDEX = """
+import os, signal, sys
+from mmfs.sampling import cache, open_corpus
+real = cache.IndexCache.stage
+def stage(self, arrays, batch):
+    out = real(self, arrays, batch)
+    if "GPTDataset" in self.base:
+        os.kill(os.getpid(), signal.SIGKILL)  # holding a claim, one index staged
+    return out
+cache.IndexCache.stage = stage
+open_corpus(sys.argv[1], progress=False, jobs=1)
+"""
+
+
+def test_a_killed_builders_claim_is_taken_over(tmp_path):
+    config = write_tiny_blend(tmp_path, 70)
+    dead = subprocess.run([sys.executable, "-c", DIE_AFTER_ONE_INDEX, config])
+    assert dead.returncode == -signal.SIGKILL
+    left = os.listdir(tmp_path / "cache")
+    assert [n for n in left if n.endswith("-indices.lock")]  # its claim, held
+    build = mmfs("-v", "build", config)
+    out, err = build.communicate(timeout=120)
+    assert build.returncode == 0, err
+    assert "taking the lock over" in err
+    names = os.listdir(tmp_path / "cache")
+    assert not [n for n in names if n.endswith(".lock") or n.startswith(TEMP_PREFIX)]
+    assert len(names) == 140 * 4 + 2 * 3 + 1
+    again = mmfs("-v", "build", config)
+    out_again, err_again = again.communicate(timeout=120)
+    assert out_again == out and not built_labels(err_again)

@@ -6,12 +6,11 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import yaml
 
-from mmfs.formats.writer import IndexedDatasetWriter
 from mmfs.sampling import open_corpus
+from tiny_blends import write_tiny_blend
 from mmfs.sampling.cache import HEADERS_FROM
 
 DATASETS = 8  # x 2 splits, and 2 blends: above HEADERS_FROM indices in one folder
@@ -38,22 +37,7 @@ print(json.dumps({"opened": opened_by_open, "samples": samples,
 
 @pytest.fixture
 def blend(tmp_path):
-    rng = np.random.RandomState(0)
-    paths = []
-    for d in range(DATASETS):
-        prefix = str(tmp_path / f"ds{d}")
-        with IndexedDatasetWriter(prefix + ".bin", dtype=np.uint16) as w:
-            for _ in range(300):
-                w.add_item(rng.randint(1, 100, size=rng.randint(1, 40)))
-                w.end_document()
-            w.finalize(prefix + ".idx")
-        paths.append(prefix)
-    config = tmp_path / "blend.yaml"
-    config.write_text(yaml.safe_dump({
-        "datasets": [{"path": p, "weight": 1.0 + d} for d, p in enumerate(paths)],
-        "split": "90,10,0", "samples": {"train": 500, "valid": 50, "test": 0},
-        "sequence_length": 16, "tokenizer": {"eod": 0}, "cache_dir": "cache"}))
-    return config, tmp_path / "cache"
+    return write_tiny_blend(tmp_path, DATASETS), tmp_path / "cache"
 
 
 def reopen(config, cache) -> dict:

@@ -29,7 +29,7 @@ from .blend import (
     build_exhaustive_blending_indices,
     sizes_per_dataset,
 )
-from .cache import HEADERS_FROM, Batch, CachedArray, HeaderFile, IndexCache
+from .cache import HEADERS_FROM, Batch, CachedArray, HeaderFile, IndexCache, description_hash
 from .cachelock import try_lock, wait_unlocked
 from .gpt import GptParams, build_gpt_indices, check_gpt_build
 from .splits import normalize, split_matrix, split_range
@@ -178,6 +178,33 @@ class _Task:
         self.make = make  # () -> dict of arrays
         self.result: tuple[dict, bool] | None = None  # (arrays, from_cache)
         self.weights: list | None = None  # a blend's, as Megatron describes them
+        self.lock_path = cache.lock_path  # or its claim's (assign_locks)
+
+
+CLAIM_MAX = 32  # indices under one build lock
+
+
+def assign_locks(tasks: list[_Task]) -> None:
+    """The lock each task is built under. A lock file per index would create and
+    delete thousands of inodes for a large blend (and on ext4, every file created
+    in the next minutes scans the freed ones): GPTDatasets then go in claims of up
+    to CLAIM_MAX, named after their members, so that builders of one config agree
+    on them. A small config keeps a lock per index, as Megatron's names go."""
+    size = max(1, min(CLAIM_MAX, len(tasks) // 64))
+    if size == 1:
+        return
+    groups: dict[tuple, list[_Task]] = {}
+    for t in tasks:  # a blend (a long build) stays alone
+        groups.setdefault((t.cache.folder, t.specs is BLEND_ARRAYS), []).append(t)
+    for (folder, blends), group in groups.items():
+        if blends or folder is None:
+            continue
+        for k in range(0, len(group), size):
+            members = group[k:k + size]
+            if len(members) > 1:
+                name = description_hash("\n".join(t.cache.base for t in members))
+                for t in members:
+                    t.lock_path = os.path.join(folder, f"{name}-indices.lock")
 
 
 class _Progress:
@@ -363,31 +390,28 @@ class Builder:
 
     # -- obtaining indices ------------------------------------------------------------
 
-    def _obtain(self, task: _Task) -> bool:
-        """Build one index the cache did not have; False when another builder holds
-        its lock (or loaded from the cache if one finished it meanwhile)."""
+    def _obtain(self, claim: list[_Task]) -> bool:
+        """Build the indices of one claim (tasks under one lock) that the cache does
+        not have; False when another builder holds the claim's lock."""
         lock = None
-        if task.cache.folder is not None:
+        folder = claim[0].cache.folder
+        if folder is not None:
             try:
-                if task.cache.folder not in self._folders_made:
-                    os.makedirs(task.cache.folder, exist_ok=True)
-                    self._folders_made.add(task.cache.folder)
-                lock = try_lock(task.cache.lock_path)
+                if folder not in self._folders_made:
+                    os.makedirs(folder, exist_ok=True)
+                    self._folders_made.add(folder)
+                lock = try_lock(claim[0].lock_path)
             except OSError:
                 lock = False  # unwritable: build in memory (stage() says why, once)
             if lock is None:
                 return False
-            if lock and self._from_cache(task):  # finished by another builder meanwhile
-                lock.release()
-                return True
-        try:
-            arrays = task.make()
-        except BaseException:
             if lock:
-                lock.release()
-            raise
-        task.result = (task.cache.stage(arrays, self.batch, lock or None), False)
-        self._progress.step(built=True)
+                self.batch.hold(lock)  # released at the commit, or the abandon
+                # finished by another builder meanwhile: load those
+                claim = [t for t in claim if not self._from_cache(t)]
+        for task in claim:
+            task.result = (task.cache.stage(task.make(), self.batch), False)
+            self._progress.step(built=True)
         return True
 
     def _from_cache(self, task: _Task, known: dict | None = None) -> bool:
@@ -416,6 +440,7 @@ class Builder:
         quiet = None if self._progress.detailed else _DropInfo()
         if quiet:  # the steps of each of thousands of indices would drown the progress
             gpt_log.addFilter(quiet)
+        assign_locks(tasks)
         header_files = self._header_files(tasks)
         known: dict = {}
         for header_file, group in header_files:
@@ -424,18 +449,22 @@ class Builder:
             # Cache hits first, in this thread: a thread per hit costs more than the hit.
             pending = [t for t in pending if not self._from_cache(t, known)]
             while pending:
-                if self.jobs > 1 and len(pending) > 1:
-                    with ThreadPoolExecutor(min(self.jobs, len(pending)),
-                                            thread_name_prefix="mmfs-build") as pool:
-                        done = list(pool.map(self._obtain, pending))
-                else:
-                    done = [self._obtain(t) for t in pending]
-                self.batch.commit()  # before waiting: never wait while holding locks
-                pending = [t for t, ok in zip(pending, done) if not ok]
+                claims: dict[str, list[_Task]] = {}
                 for t in pending:
-                    log.info("%s: waiting for the builder holding %s", t.label, t.cache.lock_path)
-                    wait_unlocked(t.cache.lock_path)
-                pending = [t for t in pending if not self._from_cache(t)]
+                    claims.setdefault(t.lock_path, []).append(t)
+                units = list(claims.values())
+                if self.jobs > 1 and len(units) > 1:
+                    with ThreadPoolExecutor(min(self.jobs, len(units)),
+                                            thread_name_prefix="mmfs-build") as pool:
+                        done = list(pool.map(self._obtain, units))
+                else:
+                    done = [self._obtain(u) for u in units]
+                self.batch.commit()  # before waiting: never wait while holding locks
+                held = [u for u, ok in zip(units, done) if not ok]
+                for u in held:
+                    log.info("%s: waiting for the builder holding %s", u[0].label, u[0].lock_path)
+                    wait_unlocked(u[0].lock_path)
+                pending = [t for u in held for t in u if not self._from_cache(t)]
         except BaseException:
             self.batch.abandon()
             raise

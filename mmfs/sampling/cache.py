@@ -75,6 +75,7 @@ class CachedArray:
     offset: int  # of the data in the file
     head: bytes = b""  # the file's first bytes, as read for the header
     file: FileId | None = None  # the file as read or written
+    tail: bytes = b""  # its last bytes (a sample index's last row), read with the header
 
     @property
     def size(self) -> int:
@@ -96,11 +97,17 @@ class CachedArray:
         at = self.offset + flat_index * size
         if at + size <= len(self.head):
             return int(np.frombuffer(self.head, dtype=self.dtype, count=1, offset=at)[0])
+        tail_at = self.offset + self.nbytes - len(self.tail)
+        if at >= tail_at and at + size <= tail_at + len(self.tail):
+            return int(np.frombuffer(self.tail, dtype=self.dtype, count=1, offset=at - tail_at)[0])
         with open(self.path, "rb", buffering=0) as f:
             raw = os.pread(f.fileno(), size, self.offset + flat_index * size)
         if len(raw) != size:
             raise ValueError(f"{self.path}: truncated")
         return int(np.frombuffer(raw, dtype=self.dtype)[0])
+
+
+TAIL = 16  # bytes read from a .npy file's end with its header: a sample index's last row
 
 
 def read_npy_header(path: str) -> CachedArray:
@@ -110,9 +117,10 @@ def read_npy_header(path: str) -> CachedArray:
     try:
         head = os.pread(fd, 4096, 0)
         st = os.fstat(fd)
+        size = st.st_size
+        tail = os.pread(fd, TAIL, size - TAIL) if size > len(head) else b""
     finally:
         os.close(fd)
-    size = st.st_size
     if head[:6] != b"\x93NUMPY" or len(head) < 10:
         raise ValueError("not a .npy file")
     if head[6] == 1:
@@ -136,7 +144,8 @@ def read_npy_header(path: str) -> CachedArray:
     if size != offset + math.prod(shape) * dtype.itemsize:
         raise ValueError(f"{size} bytes, not the {offset + math.prod(shape) * dtype.itemsize} "
                          "its header says")
-    return CachedArray(path, dtype, shape, offset, head, file_id(st))
+    return CachedArray(path, dtype, shape, offset, head, file_id(st),
+                       tail if len(tail) == TAIL else b"")
 
 
 def _read_text(path: str) -> tuple[str, FileId]:
@@ -247,17 +256,24 @@ def write_problem(folder: str, exc: OSError) -> str:
 
 
 class Batch:
-    """Staged index files waiting for one sync and their renames (thread-safe)."""
+    """Staged index files waiting for one sync and their renames, and the build
+    locks to release once they are in place (thread-safe)."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._staged: list[tuple[Lock | None, list[tuple[str, str]]]] = []
+        self._staged: list[tuple[str, str]] = []  # (temporary, final)
+        self._locks: list[Lock] = []
         self._warned: set[str] = set()
         self._cleaned: set[str] = set()
 
-    def add(self, lock: Lock | None, moves: list[tuple[str, str]]) -> None:
+    def add(self, moves: list[tuple[str, str]]) -> None:
         with self._guard:
-            self._staged.append((lock, moves))
+            self._staged.extend(moves)
+
+    def hold(self, lock: Lock) -> None:
+        """Release `lock` at the commit (or abandon)."""
+        with self._guard:
+            self._locks.append(lock)
 
     def first_write_in(self, folder: str) -> bool:
         with self._guard:
@@ -272,42 +288,43 @@ class Batch:
             self._warned.add(folder)
         log.warning("cannot write the index cache: %s. Indices stay in memory.", message)
 
-    def commit(self) -> None:
-        """Sync once, rename every staged file into place, release the locks."""
+    def _take(self) -> tuple[list[tuple[str, str]], list[Lock]]:
         with self._guard:
             staged, self._staged = self._staged, []
-        if not staged:
-            return
-        folders = sorted({os.path.dirname(final) for _, moves in staged for _, final in moves})
+            locks, self._locks = self._locks, []
+        return staged, locks
+
+    def commit(self) -> None:
+        """Sync once, rename every staged file into place, release the locks."""
+        staged, locks = self._take()
         try:
-            for folder in folders:
-                _syncfs(folder)
-            for _, moves in staged:
-                for tmp, final in moves:
+            if not staged:
+                return
+            folders = sorted({os.path.dirname(final) for _, final in staged})
+            try:
+                for folder in folders:
+                    _syncfs(folder)
+                for tmp, final in staged:
                     os.replace(tmp, final)
-            for folder in folders:
-                _fsync_dir(folder)
-        except OSError as exc:
-            for _, moves in staged:
-                for tmp, _ in moves:
+                for folder in folders:
+                    _fsync_dir(folder)
+            except OSError as exc:
+                for tmp, _ in staged:
                     _unlink(tmp)
-            raise CacheError(f"cannot finish the index cache: "
-                             f"{write_problem(os.path.dirname(exc.filename or folders[0]), exc)}"
-                             ) from None
+                raise CacheError(f"cannot finish the index cache: "
+                                 f"{write_problem(os.path.dirname(exc.filename or folders[0]), exc)}"
+                                 ) from None
         finally:
-            for lock, _ in staged:
-                if lock is not None:
-                    lock.release()
+            for lock in locks:
+                lock.release()
 
     def abandon(self) -> None:
         """Drop staged files and release locks (a build that failed)."""
-        with self._guard:
-            staged, self._staged = self._staged, []
-        for lock, moves in staged:
-            for tmp, _ in moves:
-                _unlink(tmp)
-            if lock is not None:
-                lock.release()
+        staged, locks = self._take()
+        for tmp, _ in staged:
+            _unlink(tmp)
+        for lock in locks:
+            lock.release()
 
 
 def _unlink(path: str) -> None:
@@ -377,8 +394,7 @@ class IndexCache:
                 return None
         return arrays if arrays_fit_specs(arrays, specs) else None
 
-    def stage(self, arrays: dict[str, np.ndarray], batch: Batch,
-              lock: Lock | None) -> dict[str, CachedArray | np.ndarray]:
+    def stage(self, arrays: dict[str, np.ndarray], batch: Batch) -> dict[str, CachedArray | np.ndarray]:
         """Write the arrays and the description under temporary names, to be renamed
         by batch.commit(). Returns where each array will be (mapped after the
         commit), or the arrays themselves when the folder cannot take them."""
@@ -401,12 +417,10 @@ class IndexCache:
         except OSError as exc:
             for tmp, _ in moves:
                 _unlink(tmp)
-            if lock is not None:
-                lock.release()
             batch.warn_once(self.folder, write_problem(self.folder, exc))
             _UNSAVED[self._key()] = arrays
             return arrays
-        batch.add(lock, moves)
+        batch.add(moves)
         return out
 
     @staticmethod

@@ -1,7 +1,8 @@
 """Build locks of the index cache: one builder per index, on one host or many
 sharing the cache folder (NFSv3+ and Lustre honour O_CREAT|O_EXCL).
 
-A lock is a file `<md5>-<Class>-<split>.lock` beside the index's files, created
+A lock is a file `<md5>-<Class>-<split>.lock` beside the index's files (or
+`<md5>-indices.lock` for a claim of several, see builder.assign_locks), created
 with O_EXCL and holding the builder's host, pid and start time. Its holder
 touches it every HEARTBEAT seconds. A waiter takes a lock over when it is stale:
 its holder is on this host and dead, or (any host) it was not touched for
