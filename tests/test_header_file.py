@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import yaml
 
@@ -128,3 +129,20 @@ def test_few_indices_in_a_folder_get_no_header_file(tmp_path):
     config.write_text(yaml.safe_dump(BLEND_CONFIG))
     open_corpus(str(config), progress=False)
     assert header_files(tmp_path / "cache") == []
+
+
+def test_a_header_file_entry_with_a_negative_offset_is_not_believed(blend):
+    config, cache = blend
+    open_corpus(str(config), progress=False)
+    expected = reopen(config, cache)
+    header = cache / header_files(cache)[0]
+    saved = json.loads(header.read_bytes())
+    entry = next(v for k, v in saved["indices"].items() if "-GPTDataset-" in k)
+    descr, shape, offset, file = entry["shuffle_index"]
+    # the same file size, with the data starting before the file
+    shape[0] += 2 * offset // np.dtype(descr).itemsize
+    entry["shuffle_index"] = [descr, shape, -offset, file]
+    header.write_text(json.dumps(saved))
+    again = reopen(config, cache)
+    assert again["samples"] == expected["samples"]
+    assert len(again["opened"]) == 1 + 4 + 1

@@ -186,10 +186,11 @@ CLAIM_MAX = 32  # indices under one build lock
 
 def assign_locks(tasks: list[_Task]) -> None:
     """The lock each task is built under. A lock file per index would create and
-    delete thousands of inodes for a large blend (and on ext4, every file created
-    in the next minutes scans the freed ones): GPTDatasets then go in claims of up
-    to CLAIM_MAX, named after their members, so that builders of one config agree
-    on them. A small config keeps a lock per index, as Megatron's names go."""
+    delete thousands of inodes for a large blend (and on ext4 without a journal,
+    every file created in the next minutes scans the freed ones), so GPTDatasets
+    go in claims of up to CLAIM_MAX, named after their members: builders of one
+    config agree on them. A config of fewer than 128 indices keeps a lock per
+    index; a larger one has at least 64 claims, to share among threads and builders."""
     size = max(1, min(CLAIM_MAX, len(tasks) // 64))
     if size == 1:
         return

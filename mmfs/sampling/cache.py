@@ -107,6 +107,7 @@ class CachedArray:
         return int(np.frombuffer(raw, dtype=self.dtype)[0])
 
 
+NPY_MIN_HEADER = 10  # magic, version and header length: no array starts before
 TAIL = 16  # bytes read from a .npy file's end with its header: a sample index's last row
 
 
@@ -148,11 +149,12 @@ def read_npy_header(path: str) -> CachedArray:
                        tail if len(tail) == TAIL else b"")
 
 
-def _read_text(path: str) -> tuple[str, FileId]:
+def _read_text(path: str, limit: int) -> tuple[str, FileId]:
+    """At most `limit` bytes of a file, as text, and the file's FileId."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
-        raw = os.read(fd, st.st_size + 1)
+        raw = os.read(fd, limit)
     finally:
         os.close(fd)
     return raw.decode("utf-8"), file_id(st)
@@ -373,7 +375,9 @@ class IndexCache:
             return None
         description_path = self.path("description.txt")
         try:
-            text, self.description_file = _read_text(description_path)
+            # one byte more than ours: a longer file differs, however long it is
+            text, self.description_file = _read_text(description_path,
+                                                     len(self.description.encode("utf-8")) + 1)
         except FileNotFoundError:
             return None
         except (OSError, UnicodeDecodeError) as exc:
@@ -488,11 +492,11 @@ class HeaderFile:
             path = os.path.join(self.folder, f"{base}-{name}.npy")
             now = file_id(os.stat(path))
             dtype = dtypes.get(descr) or dtypes.setdefault(descr, np.dtype(descr))
-            shape = tuple(int(n) for n in shape)
-            if now != tuple(saved_id) or min(shape, default=0) < 0 or \
-                    now[0] != int(offset) + math.prod(shape) * dtype.itemsize:
+            shape, offset = tuple(int(n) for n in shape), int(offset)
+            if now != tuple(saved_id) or min(shape, default=0) < 0 or offset < NPY_MIN_HEADER \
+                    or now[0] != offset + math.prod(shape) * dtype.itemsize:
                 return None
-            arrays[name] = CachedArray(path, dtype, shape, int(offset), file=now)
+            arrays[name] = CachedArray(path, dtype, shape, offset, file=now)
         return (description, arrays) if arrays_fit_specs(arrays, specs) else None
 
     def write(self, indices: list[tuple[IndexCache, dict]]) -> None:
