@@ -53,6 +53,9 @@ class SequenceDataset:
     document_indices: np.ndarray
     data: np.ndarray
     data_section: tuple[int, int]
+    # True when the format makes every document one sequence (document_indices is
+    # 0..N by construction: nothing to check, no need to build it)
+    documents_are_sequences = False
 
     def __len__(self) -> int:
         return self.num_sequences

@@ -67,6 +67,7 @@ class PackedDataset(SequenceDataset):
     """
 
     format_name = "modalities-packed"
+    documents_are_sequences = True
 
     def __init__(self, path: str | os.PathLike) -> None:
         path = os.fspath(path)

@@ -94,7 +94,8 @@ def describe(path: str) -> dict:
             raise FormatError(f"{ds.idx_path}: sequence_lengths[{i}] is negative; run "
                               f"`mmfs verify {ds.path_prefix}`")
         seq.add(lengths)
-    one_per_doc = check_document_indices(ds) and ds.num_documents == ds.num_sequences
+    one_per_doc = ds.documents_are_sequences or (
+        check_document_indices(ds) and ds.num_documents == ds.num_sequences)
     if one_per_doc:
         doc = seq
     else:
