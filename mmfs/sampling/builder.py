@@ -465,7 +465,10 @@ class Builder:
                 for u in held:
                     log.info("%s: waiting for the builder holding %s", u[0].label, u[0].lock_path)
                     wait_unlocked(u[0].lock_path)
-                pending = [t for u in held for t in u if not self._from_cache(t)]
+                for header_file, group in header_files:  # written by a builder that is done
+                    known.update(header_file.read({t.cache.base: t.specs for t in group
+                                                   if t.result is None}))
+                pending = [t for u in held for t in u if not self._from_cache(t, known)]
         except BaseException:
             self.batch.abandon()
             raise
