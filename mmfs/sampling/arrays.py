@@ -56,6 +56,18 @@ def native_array(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
+def _pread_into(fd: int, array: np.ndarray, offset: int) -> int:
+    """Fill `array` from the file at `offset`; the bytes read (fewer at its end)."""
+    view = memoryview(array).cast("B")
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
 _openings = itertools.count(1)  # one per file a placer opens: keys the C block cache
 
 
@@ -148,7 +160,13 @@ class ArrayPlacer:
         its file changes later."""
         for region, array in self._within:
             path, offset = region
-            copy = np.fromfile(path, dtype=array.dtype, count=array.size, offset=offset)
+            fd = self._fds.get(path)
+            if fd is None:  # a mapped array: its file is not open here
+                copy = np.fromfile(path, dtype=array.dtype, count=array.size, offset=offset)
+            else:  # through the open file: thousands of small arrays, one pread each
+                copy = np.empty(array.size, dtype=array.dtype)
+                if _pread_into(fd, copy, offset) != copy.nbytes:
+                    copy = copy[:0]
             if copy.size != array.size:
                 raise FormatError(f"{path}: shorter than when it was opened (it changed); "
                                   "run the command again")
