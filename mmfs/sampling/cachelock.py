@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 
@@ -26,7 +25,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT = 5.0
 STALE_AFTER = 120.0  # above NFS attribute caching (up to 60 s)
 WAIT_TIMEOUT = 6 * 3600.0
-HOST = socket.gethostname()
+HOST = os.uname().nodename  # socket.gethostname(), without importing socket
 
 
 def pid_alive(pid: int) -> bool:
