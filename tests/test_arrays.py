@@ -118,3 +118,30 @@ def test_pread_block_cache_never_serves_another_files_blocks(tmp_path):
             for i in range(0, len(split), 7):
                 assert np.array_equal(split.tokens(i).astype(np.int64), expected[i]), (case, i)
             corpus.placer.close()
+
+
+def test_load_copies_cached_arrays_and_names_a_file_that_shrank(tmp_path):
+    from mmfs.errors import FormatError
+    from mmfs.sampling.cache import read_npy_header
+
+    for name in ("kept", "shrinks"):
+        np.save(tmp_path / f"{name}.npy", np.arange(3000, dtype=np.int64))
+    placer = ArrayPlacer(map_limit=1 << 20)
+    kept, shrinks = ffi.new("mmfs_array *"), ffi.new("mmfs_array *")
+    placer.place(kept, read_npy_header(str(tmp_path / "kept.npy")))
+    placer.place(shrinks, read_npy_header(str(tmp_path / "shrinks.npy")))
+    placer.finish()
+    assert kept.fd >= 0 and kept.data == ffi.NULL  # read through its file until load()
+    with open(tmp_path / "shrinks.npy", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(FormatError, match="shrinks.npy: shorter than when it was opened"):
+        placer.load()
+    placer.close()
+
+    placer = ArrayPlacer(map_limit=1 << 20)
+    placer.place(kept, read_npy_header(str(tmp_path / "kept.npy")))
+    placer.finish()
+    placer.load()
+    copied = np.frombuffer(ffi.buffer(kept.data, 3000 * 8), dtype=np.int64)
+    assert np.array_equal(copied, np.arange(3000))
+    placer.close()

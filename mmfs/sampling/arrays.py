@@ -165,8 +165,7 @@ class ArrayPlacer:
                 copy = np.fromfile(path, dtype=array.dtype, count=array.size, offset=offset)
             else:  # through the open file: thousands of small arrays, one pread each
                 copy = np.empty(array.size, dtype=array.dtype)
-                if _pread_into(fd, copy, offset) != copy.nbytes:
-                    copy = copy[:0]
+                copy = copy[: _pread_into(fd, copy, offset) // copy.itemsize]
             if copy.size != array.size:
                 raise FormatError(f"{path}: shorter than when it was opened (it changed); "
                                   "run the command again")

@@ -50,10 +50,13 @@ BLEND_ARRAYS = {
 
 
 class _Arrays:
-    """Named arrays, each in memory or a CachedArray mapped on first use."""
+    """Named arrays, each in memory or a CachedArray mapped on first use, and the
+    cache they belong to."""
 
-    def __init__(self, arrays: dict) -> None:
+    def __init__(self, arrays: dict, cache: IndexCache, from_cache: bool) -> None:
         self._arrays = dict(arrays)
+        self.cache = cache
+        self.from_cache = from_cache
 
     def array(self, name: str) -> np.ndarray:
         a = self._arrays[name]
@@ -80,11 +83,9 @@ class GptIndices(_Arrays):
 
     def __init__(self, spec: DatasetSpec, params: GptParams, cache: IndexCache, arrays: dict,
                  from_cache: bool) -> None:
-        super().__init__(arrays)
+        super().__init__(arrays, cache, from_cache)
         self.spec = spec
         self.params = params
-        self.cache = cache
-        self.from_cache = from_cache
 
     document_index = property(lambda self: self.array("document_index"))
     sample_index = property(lambda self: self.array("sample_index"))
@@ -97,11 +98,9 @@ class GptIndices(_Arrays):
 class BlendIndices(_Arrays):
     def __init__(self, weights: list, size: int | None, cache: IndexCache, arrays: dict,
                  from_cache: bool) -> None:
-        super().__init__(arrays)
+        super().__init__(arrays, cache, from_cache)
         self.weights = weights
         self.size = size
-        self.cache = cache
-        self.from_cache = from_cache
 
     dataset_index = property(lambda self: self.array("dataset_index"))
     dataset_sample_index = property(lambda self: self.array("dataset_sample_index"))
@@ -465,7 +464,8 @@ class Builder:
                 for u in held:
                     log.info("%s: waiting for the builder holding %s", u[0].label, u[0].lock_path)
                     wait_unlocked(u[0].lock_path)
-                for header_file, group in header_files:  # written by a builder that is done
+                for header_file, group in header_files if held else ():
+                    # written by a builder that is done: what it holds need not be read
                     known.update(header_file.read({t.cache.base: t.specs for t in group
                                                    if t.result is None}))
                 pending = [t for u in held for t in u if not self._from_cache(t, known)]
