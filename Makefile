@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml setup.py native/*.c native/*.h native/*.py
 install: system-deps $(STAMP)
 
 demo: install
-	$(PY) -m mmfs.demo
+	$(PY) -m mmfs.tools.demo
 
 test: install
 	$(PY) -m pytest -q

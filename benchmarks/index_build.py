@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from mmfs.formats.writer import write_index
-from mmfs.sampling.gpt import GptParams, build_document_index, build_gpt_indices, build_sample_index, plan_epochs
+from mmfs.megatron.gpt import GptParams, build_document_index, build_gpt_indices, build_sample_index, plan_epochs
 
 SEQ_LEN = 4096
 SEED = 1234
@@ -67,7 +67,7 @@ def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS"):
             return int(line.split()[1]) / 1024
-import mmfs.sampling as s
+import mmfs.megatron as s
 before = rss()
 t = time.perf_counter()
 corpus = s.open_corpus(sys.argv[1], progress=False)

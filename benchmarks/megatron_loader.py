@@ -61,7 +61,7 @@ def megatron_loader(corpus, split: str, rank: int, dp: int, mbs: int, workers: i
     import torch
     from megatron_modules import load_data_samplers
 
-    from mmfs.bench import megatron_dataset
+    from mmfs.tools.bench import megatron_dataset
 
     ds = megatron_dataset(corpus, split, cache)
     for name, value in flags.items():
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    from mmfs.sampling import open_corpus
+    from mmfs.megatron import open_corpus
 
     config_path, mount = _config_of(args.target)
     mount = args.mount or mount
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                         raise SystemExit(f"micro-batch {i}: {k} differs between megatron-core and mmfs")
 
         if args.sample_files:
-            from mmfs.sampling.samplers import microbatch_ids, plan_ranks
+            from mmfs.megatron.samplers import microbatch_ids, plan_ranks
 
             plan = plan_ranks(m.samples[args.split], mbs, dp)
             batches = (m.megatron_batch(args.split, microbatch_ids(plan, args.rank, j).tolist(), **flags)

@@ -31,9 +31,9 @@ import time
 
 import numpy as np
 
-from mmfs.bench import read_files, read_through, run_parallel, single_threaded_libraries, temporary_mount
 from mmfs.formats.writer import write_index
-from mmfs.sampling import open_corpus
+from mmfs.megatron import open_corpus
+from mmfs.tools.bench import read_files, read_through, run_parallel, single_threaded_libraries, temporary_mount
 
 SLICES = 5
 

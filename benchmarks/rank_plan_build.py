@@ -15,9 +15,9 @@ import shutil
 import statistics
 import time
 
-from mmfs.config import load_config
-from mmfs.sampling import open_corpus
-from mmfs.sampling.samplers import plan_ranks
+from mmfs.config.schema import load_config
+from mmfs.megatron import open_corpus
+from mmfs.megatron.samplers import plan_ranks
 
 KINDS = {"single": ("single", True), "cyclic sharded": ("cyclic", True), "cyclic unsharded": ("cyclic", False)}
 

@@ -13,9 +13,9 @@ import sys
 # setting wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from . import __version__  # noqa: E402 - after the setting above
-from .config import SPLITS  # noqa: E402
-from .errors import MmfsError  # noqa: E402
+from mmfs import __version__  # noqa: E402 - after the setting above
+from mmfs.config.schema import SPLITS  # noqa: E402
+from mmfs.errors import MmfsError  # noqa: E402
 
 # Characters that end a line (str.splitlines): escaped in an error message, so that
 # a file name holding one still gives a single line.
@@ -26,13 +26,13 @@ _LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u20
 COMMANDS = {
     "info": "mmfs.formats.report:info_command",
     "verify": "mmfs.formats.verify:verify_command",
-    "build": "mmfs.sampling.commands:build_command",
-    "sample": "mmfs.sampling.commands:sample_command",
-    "mount": "mmfs.mount:mount_command",
-    "umount": "mmfs.mount:umount_command",
-    "bench": "mmfs.bench:bench_command",
-    "which": "mmfs.which:which_command",
-    "preprocess": "mmfs.preprocess.command:preprocess_command",
+    "build": "mmfs.tools.build:build_command",
+    "sample": "mmfs.tools.build:sample_command",
+    "mount": "mmfs.mount.lifecycle:mount_command",
+    "umount": "mmfs.mount.lifecycle:umount_command",
+    "bench": "mmfs.tools.bench:bench_command",
+    "which": "mmfs.tools.which:which_command",
+    "preprocess": "mmfs.tools.preprocess.command:preprocess_command",
 }
 
 
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("preprocess", parents=[common],
                        help="tokenize JSONL into IndexedDatasets (Megatron's tools/preprocess_data.py)")
-    from .preprocess import add_arguments
+    from mmfs.tools.preprocess import add_arguments
     add_arguments(p)
     return parser
 

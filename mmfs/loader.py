@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import MmfsError
+from mmfs.errors import MmfsError
 
 XATTR_PIECES = "user.mmfs.pieces"
 XATTR_SAMPLES = "user.mmfs.samples"

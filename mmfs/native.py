@@ -4,10 +4,10 @@ import os
 
 import numpy as np
 
-from .errors import MmfsError, NativeError
+from mmfs.errors import MmfsError, NativeError
 
 try:
-    from . import _native
+    from mmfs import _native
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise MmfsError(
         "mmfs's C core (mmfs._native) is not built: run `pip install .` (or `make install`) "

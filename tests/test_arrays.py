@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from golden_cases import expected_samples, write_case_config
+from mmfs.megatron import open_corpus
+from mmfs.megatron.arrays import ArrayPlacer, file_region
 from mmfs.native import ffi
-from mmfs.sampling import open_corpus
-from mmfs.sampling.arrays import ArrayPlacer, file_region
 
 
 def test_file_region_of_memmap_views(tmp_path):
@@ -90,7 +90,7 @@ def test_mount_counts_only_index_arrays_held_in_memory(tmp_path):
     need not re-open; a .pbin's sequence table (always in memory) is not an index
     and does not count."""
     from mmfs.formats.writer import write_packed
-    from mmfs.sampling.corpus import index_bytes_in_memory
+    from mmfs.megatron.corpus import index_bytes_in_memory
 
     docs = [np.full(50, 7, dtype=np.uint32) for _ in range(300)]
     write_packed(str(tmp_path / "web.pbin"), docs, token_size=4)
@@ -122,7 +122,7 @@ def test_pread_block_cache_never_serves_another_files_blocks(tmp_path):
 
 def test_load_copies_cached_arrays_and_names_a_file_that_shrank(tmp_path):
     from mmfs.errors import FormatError
-    from mmfs.sampling.cache import read_npy_header
+    from mmfs.megatron.cache import read_npy_header
 
     for name in ("kept", "shrinks"):
         np.save(tmp_path / f"{name}.npy", np.arange(3000, dtype=np.int64))

@@ -18,8 +18,8 @@ from test_hostile_config import BASE, assert_one_line_error, run_cli, write
 
 from golden_cases import GOLDEN, case_names, write_case_config
 from mmfs.errors import ConfigError
-from mmfs.sampling import gpt, open_corpus
-from mmfs.sampling.blend import build_blending_indices, build_exhaustive_blending_indices
+from mmfs.megatron import gpt, open_corpus
+from mmfs.megatron.blend import build_blending_indices, build_exhaustive_blending_indices
 
 HEADER = 34
 
@@ -209,7 +209,7 @@ def test_long_sample_prints_in_chunks_as_one_json_document(tmp_path):
 
 
 def test_sample_too_long_to_print_is_refused(tmp_path, monkeypatch):
-    from mmfs.sampling import commands
+    from mmfs.tools import build as commands
 
     monkeypatch.setattr(commands, "MAX_PRINTED_TOKENS", 64)  # samples here hold 65
     path = write(str(tmp_path), BASE)

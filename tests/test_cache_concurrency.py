@@ -9,7 +9,7 @@ from golden_cases import PUBLIC, write_case_config
 
 SCRIPT = """
 import sys
-from mmfs.sampling import open_corpus
+from mmfs.megatron import open_corpus
 corpus = open_corpus(sys.argv[1], progress=False)
 print(sum(len(s) for s in corpus.splits.values()), corpus.splits["train"].read(5).hex()[:40])
 """

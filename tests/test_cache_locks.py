@@ -13,13 +13,13 @@ import time
 import numpy as np
 import pytest
 import yaml
+from tiny_blends import write_tiny_blend
 
 from golden_cases import BLEND_CONFIG, GOLDEN
-from tiny_blends import write_tiny_blend
 from mmfs.errors import CacheError
-from mmfs.sampling import cachelock, open_corpus
-from mmfs.sampling.blend import build_blending_indices
-from mmfs.sampling.cache import TEMP_PREFIX, clean_stale_temporaries, write_problem
+from mmfs.megatron import cachelock, open_corpus
+from mmfs.megatron.blend import build_blending_indices
+from mmfs.megatron.cache import TEMP_PREFIX, clean_stale_temporaries, write_problem
 
 CONFIG = BLEND_CONFIG
 
@@ -65,7 +65,7 @@ def test_concurrent_builders_build_each_index_exactly_once(tmp_path):
 
 HOLD = """
 import sys, time
-from mmfs.sampling.cachelock import try_lock
+from mmfs.megatron.cachelock import try_lock
 assert try_lock(sys.argv[1]) is not None
 print("held", flush=True)
 time.sleep(600)
@@ -190,9 +190,9 @@ def test_a_full_disk_is_named(tmp_path, caplog):
 
 REOPEN = """
 import json, os, sys
-from mmfs.config import load_config
+from mmfs.config.schema import load_config
 from mmfs.formats import open_dataset
-from mmfs.sampling.builder import Builder
+from mmfs.megatron.builder import Builder
 
 def rchar():
     for line in open("/proc/self/io"):
@@ -264,7 +264,7 @@ def test_blocked_blending_index_picks_what_the_full_scan_picks(kind):
 
 
 def test_a_large_blend_is_built_under_claims_of_several_indices(tmp_path, monkeypatch):
-    from mmfs.sampling import builder
+    from mmfs.megatron import builder
 
     config = write_tiny_blend(tmp_path, 70)  # 140 GPTDatasets and 2 blends: claims of 2
     taken = []
@@ -298,7 +298,7 @@ def test_concurrent_builders_of_a_large_blend_build_each_index_once(tmp_path):
 
 DIE_AFTER_ONE_INDEX = """
 import os, signal, sys
-from mmfs.sampling import cache, open_corpus
+from mmfs.megatron import cache, open_corpus
 real = cache.IndexCache.stage
 def stage(self, arrays, batch):
     out = real(self, arrays, batch)

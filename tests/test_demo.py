@@ -1,4 +1,4 @@
-"""`make demo` (python -m mmfs.demo) runs from scratch and leaves no mount."""
+"""`make demo` (python -m mmfs.tools.demo) runs from scratch and leaves no mount."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mmfs.demo import config_text
+from mmfs.tools.demo import config_text
 from mount_fixtures import ROOT, force_unmount, is_mounted
 
 
@@ -16,7 +16,7 @@ def test_demo_runs_and_unmounts(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "mmfs.demo", "--data-dir", str(tmp_path / "demo-data"),
+            [sys.executable, "-m", "mmfs.tools.demo", "--data-dir", str(tmp_path / "demo-data"),
              "--config", str(tmp_path / "configs" / "demo.yaml"), "--mountpoint", str(mnt)],
             capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
         )

@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 import yaml
-
-from mmfs.sampling import open_corpus
 from tiny_blends import write_tiny_blend
-from mmfs.sampling.cache import HEADERS_FROM
+
+from mmfs.megatron import open_corpus
+from mmfs.megatron.cache import HEADERS_FROM
 
 DATASETS = 8  # x 2 splits, and 2 blends: above HEADERS_FROM indices in one folder
 
@@ -27,7 +27,7 @@ def hook(event, args):
             os.path.realpath(args[0]).startswith(cache + os.sep):
         opened.append(os.path.basename(args[0]))
 sys.addaudithook(hook)
-from mmfs.sampling import open_corpus
+from mmfs.megatron import open_corpus
 corpus = open_corpus(sys.argv[1], progress=False)
 opened_by_open = list(opened)
 samples = {n: s.read(3).hex() for n, s in corpus.splits.items()}

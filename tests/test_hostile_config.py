@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from golden_cases import GOLDEN
 from mmfs.cli import main
-from mmfs.config import load_config
+from mmfs.config.schema import load_config
 from mmfs.errors import ConfigError
-from mmfs.sampling import open_corpus
-from mmfs.tree import Tree
+from mmfs.megatron import open_corpus
+from mmfs.mount.tree import Tree
 
 BASE = """\
 datasets: [{path: data/u16_docs}]

@@ -3,7 +3,7 @@
 import os
 import time
 
-from mmfs.latency import LatencyGuard
+from mmfs.mount.latency import LatencyGuard
 
 
 def _open_fds_to(path) -> int:

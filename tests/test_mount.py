@@ -340,7 +340,7 @@ def test_packed_and_indexed_blend(tmp_path):
     """A Modalities .pbin (uint32 tokens) blended with an IndexedDataset (uint16):
     samples are uint32, each dataset's own files keep its own dtype."""
     from mmfs.formats.writer import write_packed
-    from mmfs.sampling import open_corpus
+    from mmfs.megatron import open_corpus
 
     rng = np.random.default_rng(3)
     docs = [rng.integers(0, 100_000, size=int(n), dtype=np.uint32) for n in rng.integers(1, 300, 400)]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from golden_cases import write_case_config
-from mmfs.bench import make_data
-from mmfs.config import load_config
+from mmfs.config.schema import load_config
 from mmfs.formats import open_dataset
+from mmfs.tools.bench import make_data
 from mount_fixtures import is_mounted, mmfs, mounted
 
 

@@ -20,8 +20,8 @@ import yaml
 from golden_cases import GOLDEN, write_case_config
 from mmfs.errors import MountError
 from mmfs.formats.writer import write_index
-from mmfs.fuse import FUSEPY_VERSION, NATIVE_HANDLERS, check_table, native_address
-from mmfs.sampling import open_corpus
+from mmfs.megatron import open_corpus
+from mmfs.mount.fuse import FUSEPY_VERSION, NATIVE_HANDLERS, check_table, native_address
 from mount_fixtures import mounted
 
 

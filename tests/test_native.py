@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmfs.errors import NativeError
+from mmfs.megatron.blend import build_blending_indices, build_exhaustive_blending_indices
+from mmfs.megatron.gpt import GptParams, build_document_index, build_sample_index, plan_epochs
 from mmfs.native import ffi, lib, pointer
-from mmfs.sampling.blend import build_blending_indices, build_exhaustive_blending_indices
-from mmfs.sampling.gpt import GptParams, build_document_index, build_sample_index, plan_epochs
 
 
 def reference_sample_index(sizes, doc_index, S, E, T, drop_last, e):
@@ -90,8 +90,8 @@ def test_sample_index_matches_reference(lengths, S, e, drop_last, num_samples, s
        seed=st.integers(0, 2**32 - 1))
 def test_samples_cut_the_document_stream(lengths, S, e, num_samples, seed):
     """Unshuffled samples, overlapping by e tokens, are the epochs' token stream."""
-    from mmfs.sampling.arrays import ArrayPlacer
-    from mmfs.sampling.reader import GptReader, TokenSource
+    from mmfs.megatron.arrays import ArrayPlacer
+    from mmfs.megatron.reader import GptReader, TokenSource
 
     rng = np.random.RandomState(seed)
     tokens = [rng.randint(0, 60000, size=n).astype(np.uint16) for n in lengths]

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmfs.formats.packed import CACHE_FROM, PackedDataset
+from mmfs.megatron.arrays import file_region
 from mmfs.native import ffi, lib
-from mmfs.sampling.arrays import file_region
 
 
 def parse(path, at, data_len, token_size):

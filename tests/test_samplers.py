@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from golden_cases import PUBLIC, case_names, load_case
-from mmfs.config import TrainingConfig
-from mmfs.sampling.samplers import (
+from mmfs.config.schema import TrainingConfig
+from mmfs.megatron.samplers import (
     RANDPERM_SMALL_LIMIT,
     SamplerError,
     describe_training,

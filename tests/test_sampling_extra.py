@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from golden_cases import GOLDEN, SPLITS
-from mmfs.sampling import open_corpus
+from mmfs.megatron import open_corpus
 
 CASES = json.loads((GOLDEN / "extra_cases.json").read_text())
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from golden_cases import PUBLIC, SPLITS, case_names, load_case, write_case_config
-from mmfs.sampling import open_corpus
+from mmfs.megatron import open_corpus
 
 CASES = case_names()
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from golden_cases import write_case_config
-from mmfs.config import load_config
+from mmfs.config.schema import load_config
 from mount_fixtures import mmfs
 
 GOOD = {"data_parallel_size": 4, "micro_batch_size": 2}

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from golden_cases import case_names, expected_samples, write_case_config
-from mmfs.sampling import open_corpus
-from mmfs.tree import (
+from mmfs.megatron import open_corpus
+from mmfs.mount.tree import (
     DIR_MODE,
     FILE_MODE,
     LINK_MODE,

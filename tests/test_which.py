@@ -13,7 +13,7 @@ import yaml
 from golden_cases import PUBLIC, write_case_config
 from mmfs.formats import open_dataset
 from mmfs.formats.writer import IndexedDatasetWriter
-from mmfs.sampling import open_corpus
+from mmfs.megatron import open_corpus
 from mount_fixtures import mmfs, mounted
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from ..errors import FormatError
-from .base import file_problem
-from .indexed import IndexedDataset, prefix_of
-from .packed import PackedDataset
+from mmfs.errors import FormatError
+from mmfs.formats.base import file_problem
+from mmfs.formats.indexed import IndexedDataset, prefix_of
+from mmfs.formats.packed import PackedDataset
 
 __all__ = ["IndexedDataset", "PackedDataset", "open_dataset"]
 

@@ -15,7 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..errors import FormatError
+from mmfs.errors import FormatError
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),

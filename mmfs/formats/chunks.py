@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import FormatError
+from mmfs.errors import FormatError
 
 CHUNK = 1 << 20  # entries per chunk: 4-8 MB per array
 

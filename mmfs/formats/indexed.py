@@ -23,9 +23,9 @@ from functools import cached_property
 
 import numpy as np
 
-from ..errors import FormatError
-from .base import SequenceDataset
-from .dtypes import CODE_TO_DTYPE
+from mmfs.errors import FormatError
+from mmfs.formats.base import SequenceDataset
+from mmfs.formats.dtypes import CODE_TO_DTYPE
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

@@ -28,10 +28,10 @@ from functools import cached_property
 
 import numpy as np
 
-from ..errors import FormatError
-from ..native import ffi, lib
-from .base import SequenceDataset
-from .dtypes import native_code
+from mmfs.errors import FormatError
+from mmfs.formats.base import SequenceDataset
+from mmfs.formats.dtypes import native_code
+from mmfs.native import ffi, lib
 
 HEADER = struct.Struct("<QI")  # data-section length, token size
 HEADER_SIZE = HEADER.size  # 12

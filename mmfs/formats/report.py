@@ -13,10 +13,10 @@ import os
 
 import numpy as np
 
-from ..errors import FormatError
-from . import open_dataset
-from .chunks import iter_array, iter_document_lengths
-from .verify import check_document_indices
+from mmfs.errors import FormatError
+from mmfs.formats import open_dataset
+from mmfs.formats.chunks import iter_array, iter_document_lengths
+from mmfs.formats.verify import check_document_indices
 
 _DENSE_LIMIT = 1 << 20  # values below this are tallied with bincount, above with unique
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import FormatError
-from . import open_dataset
-from .chunks import CHUNK, Progress, element_offset, iter_array
+from mmfs.errors import FormatError
+from mmfs.formats import open_dataset
+from mmfs.formats.chunks import CHUNK, Progress, element_offset, iter_array
 
 log = logging.getLogger(__name__)
 

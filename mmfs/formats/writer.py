@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import FormatError
-from .dtypes import DTYPE_TO_CODE
-from .indexed import HEADER, MAGIC, VERSION, IndexedDataset
+from mmfs.errors import FormatError
+from mmfs.formats.dtypes import DTYPE_TO_CODE
+from mmfs.formats.indexed import HEADER, MAGIC, VERSION, IndexedDataset
 
 _INT32_MAX = 2**31 - 1
 SPOOL_LIMIT = 1 << 17  # index values (1 MB) a writer keeps in memory before spilling to a file

@@ -1,0 +1,1 @@
+"""The YAML config: the hardened YAML reader and the typed, checked schema."""

@@ -1,0 +1,598 @@
+"""The YAML config: parsed into frozen dataclasses and checked before any index
+is built. Every error names the YAML file and the key.
+
+Keys follow megatron-core's names (see README.md, "Config"). Relative dataset
+paths are relative to the YAML file's folder, but the path *as written* is what
+goes into Megatron's cache description (and so into the cache file names).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from mmfs.config.safe_yaml import read_yaml, show
+from mmfs.errors import ConfigError
+from mmfs.formats.base import file_problem
+
+SPLITS = ("train", "valid", "test")
+
+DEFAULT_TOKENIZER_CLASS = "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText"
+
+TOP_LEVEL_KEYS = {
+    "datasets",
+    "data_path",
+    "blend_per_split",
+    "split",
+    "samples",
+    "sequence_length",
+    "seed",
+    "add_extra_token_to_sequence",
+    "drop_last_partial_validation_sequence",
+    "mid_level_dataset_surplus",
+    "tokenizer",
+    "cache_dir",
+    "training",
+}
+DATASET_KEYS = {"path", "weight", "name"}
+INT64_MAX = 2**63 - 1  # Megatron holds sample counts and token ids in int64
+MAX_SURPLUS = 1e9  # far above any use; keeps (1 + surplus) * samples finite
+TOKENIZER_KEYS = {"eod", "pad", "vocab_size", "class", "tokenizer_path", "unique_identifiers"}
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset of a blend."""
+
+    path: str  # as written in the YAML: Megatron's dataset_path, hashed into cache names
+    file: str  # where it is on disk (relative paths resolved against the YAML folder)
+    name: str
+    weight: float | None
+
+
+@dataclass(frozen=True)
+class Blend:
+    """A list of datasets with all weights or none (Megatron's (prefixes, weights))."""
+
+    datasets: tuple[DatasetSpec, ...]
+
+    @property
+    def weights(self) -> list[float] | None:
+        if self.datasets[0].weight is None:
+            return None
+        return [d.weight for d in self.datasets]
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str  # the YAML file
+    blend: Blend | None  # `datasets` / `data_path`, split by `split`
+    blend_per_split: dict[str, Blend | None] | None
+    split: str | None  # the split string exactly as written (hashed by Megatron)
+    samples: dict[str, int | None]
+    sequence_length: int
+    seed: int
+    add_extra_token: bool
+    drop_last_partial_validation_sequence: bool
+    mid_level_dataset_surplus: float
+    eod: int | None
+    pad: int | None  # as configured (None: the tokenizer has no pad)
+    tokenizer_identifiers: dict[str, Any]
+    cache_dir: str | None  # resolved; None: Megatron's default beside each dataset
+    raw: dict[str, Any] = field(default_factory=dict)
+    training: TrainingConfig | None = None  # the optional `training:` block
+
+    @property
+    def effective_pad(self) -> int:
+        """The pad id Megatron writes: the tokenizer's pad, or -1 when there is none
+        or when it collides with eod (Megatron warns and falls back)."""
+        if self.pad is None or self.pad == self.eod:
+            return -1
+        return self.pad
+
+    @property
+    def all_datasets(self) -> list[DatasetSpec]:
+        """Every distinct dataset (by file), in order of first appearance."""
+        blends = [self.blend] if self.blend else list((self.blend_per_split or {}).values())
+        seen: dict[str, DatasetSpec] = {}
+        for blend in blends:
+            for d in blend.datasets if blend else ():
+                seen.setdefault(d.file, d)
+        return list(seen.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        """The config as loaded, defaults filled in (JSON-serialisable)."""
+        def blend_dict(b: Blend | None):
+            if b is None:
+                return None
+            return [{"path": d.path, "name": d.name, "weight": d.weight} for d in b.datasets]
+
+        return {
+            "config_file": self.path,
+            "datasets": blend_dict(self.blend),
+            "blend_per_split": None
+            if self.blend_per_split is None
+            else {s: blend_dict(b) for s, b in self.blend_per_split.items()},
+            "split": self.split,
+            "samples": dict(self.samples),
+            "sequence_length": self.sequence_length,
+            "seed": self.seed,
+            "add_extra_token_to_sequence": self.add_extra_token,
+            "drop_last_partial_validation_sequence": self.drop_last_partial_validation_sequence,
+            "mid_level_dataset_surplus": self.mid_level_dataset_surplus,
+            "tokenizer": {"eod": self.eod, "pad": self.pad, **self.tokenizer_identifiers},
+            "cache_dir": self.cache_dir,
+            "training": None if self.training is None else self.training.as_dict(),
+        }
+
+
+class _Checker:
+    """Typed access to the raw YAML with errors naming the file and the key."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.path}: {key}: {message}")
+
+    def integer(self, value: Any, key: str, minimum: int | None = None,
+                maximum: int | None = INT64_MAX, why: str = "") -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key, f"expected an integer, got {show(value)}")
+        if minimum is not None and value < minimum:
+            raise self.fail(key, f"must be at least {minimum}, got {show(value)}")
+        if maximum is not None and value > maximum:
+            raise self.fail(key, f"must be at most {maximum}{why}, got {show(value)}")
+        return value
+
+    def boolean(self, value: Any, key: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, f"expected true or false, got {show(value)}")
+        return value
+
+    def number(self, value: Any, key: str) -> float:
+        """A finite float (ints convert); NaN, infinity and bools are refused."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(key, f"expected a number, got {show(value)}")
+        try:
+            number = float(value)
+        except OverflowError:
+            number = float("inf")
+        if not math.isfinite(number):
+            raise self.fail(key, f"expected a finite number, got {show(value)}")
+        return number
+
+    def unknown_keys(self, mapping: dict, allowed: set[str], where: str) -> None:
+        extra = sorted((k for k in mapping if k not in allowed), key=repr)
+        if extra:
+            name = extra[0] if isinstance(extra[0], str) and len(extra[0]) <= 60 \
+                and extra[0].isprintable() else show(extra[0])
+            raise self.fail(
+                f"{where}{name}", f"unknown key (allowed: {', '.join(sorted(allowed))})"
+            )
+
+    def path_text(self, value: Any, key: str, what: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(key, f"expected {what}, got {show(value)}")
+        if "\0" in value:
+            raise self.fail(key, f"{show(value)} holds a NUL byte; give {what}")
+        return value
+
+
+def parse_split(text: str, checker: _Checker) -> list[float]:
+    """Megatron's --split: up to three non-negative numbers, normalised."""
+    if not re.fullmatch(r"\s*[0-9.]+(\s*[,/]\s*[0-9.]+){0,2}\s*", text):
+        raise checker.fail(
+            "split", f"{text!r} is not a split; write up to three numbers like \"969,30,1\""
+        )
+    try:
+        parts = [float(p) for p in re.findall(r"[.0-9]+", text)]
+    except ValueError:
+        raise checker.fail("split", f"{show(text)} has a part that is not a number") from None
+    parts += [0.0] * (3 - len(parts))
+    if not math.isfinite(sum(parts)):
+        raise checker.fail("split", f"{show(text)} has a part too large for a float; "
+                                    "write shares like \"969,30,1\"")
+    if sum(parts) <= 0:
+        raise checker.fail("split", f"{show(text)} gives every split a zero share")
+    return parts
+
+
+def _dataset_problem(file: str) -> str | None:
+    """Why there is no dataset at `file` (a .pbin, or a prefix / .idx / .bin), or None."""
+    if file.endswith(".pbin"):
+        problem = file_problem(file)
+        return None if problem is None else f"{file} {problem}"
+    prefix = file[:-4] if file.endswith((".bin", ".idx")) else file
+    problems = {p: file_problem(p) for p in (prefix + ".bin", prefix + ".idx")}
+    if all(v == "file not found" for v in problems.values()):
+        return f"no dataset at {file} (expected {file}.bin and {file}.idx, or a .pbin file)"
+    return next((f"{p}: {v}" for p, v in problems.items() if v is not None), None)
+
+
+def _parse_data_path(text: str, checker: _Checker, key: str) -> list[dict]:
+    """Megatron's string form (get_blend_from_list): "PREFIX ...", or "W1 PREFIX1 W2
+    PREFIX2 ..." when the word count is even and the first word is a number."""
+    words = text.split()
+    if not words:
+        raise checker.fail(key, "is empty")
+    if len(words) % 2:
+        return [{"path": w} for w in words]
+    weights = []
+    for i in range(0, len(words), 2):
+        try:
+            weights.append(float(words[i]))
+        except ValueError:
+            weights.append(None)
+    if None in weights:
+        # Megatron reads every word as a path once one weight is not a number, and
+        # asserts when a number follows that word in a weight position.
+        first = weights.index(None)
+        later = [i for i, w in enumerate(weights) if i > first and w is not None]
+        if later:
+            raise checker.fail(key, f"{show(words[2 * first])} is not a weight but "
+                                    f"{show(words[2 * later[0]])} is: give WEIGHT PATH pairs, "
+                                    "or paths only")
+        return [{"path": w} for w in words]
+    return [{"path": p, "weight": w} for w, p in zip(weights, words[1::2])]
+
+
+def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blend:
+    if isinstance(value, str):
+        value = _parse_data_path(value, checker, key)
+    if not isinstance(value, list) or not value:
+        raise checker.fail(key, "expected a non-empty list of datasets ({path, weight, name})")
+    specs = []
+    for i, entry in enumerate(value):
+        where = f"{key}[{i}]"
+        if isinstance(entry, str):
+            entry = {"path": entry}
+        if not isinstance(entry, dict):
+            raise checker.fail(where, "expected a mapping with `path` (and `weight`, `name`)")
+        checker.unknown_keys(entry, DATASET_KEYS, f"{where}.")
+        if entry.get("path") is None:
+            raise checker.fail(f"{where}.path", "missing: the dataset prefix or .pbin file")
+        path = checker.path_text(entry.get("path"), f"{where}.path", "the dataset prefix or .pbin file")
+        file = path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
+        problem = _dataset_problem(file)
+        if problem is not None:
+            raise checker.fail(f"{where}.path", problem)
+        weight = entry.get("weight")
+        if weight is not None:
+            weight = checker.number(weight, f"{where}.weight")
+            if not weight > 0:
+                raise checker.fail(
+                    f"{where}.weight", f"must be a positive number, got {show(entry.get('weight'))}"
+                )
+        name = entry.get("name")
+        if name is None:
+            name = os.path.basename(file[:-5] if file.endswith(".pbin") else file)
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._+-]{1,255}", name) \
+                or name in (".", ".."):
+            raise checker.fail(
+                f"{where}.name",
+                f"{show(name)} is not a usable name (1 to 255 letters, digits, . _ + -)"
+            )
+        specs.append(DatasetSpec(path=path, file=file, name=name, weight=weight))
+    with_weight = [s.weight is not None for s in specs]
+    if any(with_weight) and not all(with_weight):
+        missing = with_weight.index(False)
+        raise checker.fail(
+            f"{key}[{missing}].weight", "missing: give every dataset a weight, or none of them"
+        )
+    if all(with_weight) and not math.isfinite(sum(s.weight for s in specs)):
+        raise checker.fail(key, "the weights add up to more than a float holds; scale them down")
+    return Blend(tuple(specs))
+
+
+def _check_names(blends: list[Blend], checker: _Checker, key: str) -> None:
+    by_name: dict[str, str] = {}
+    by_file: dict[str, str] = {}
+    for blend in blends:
+        for d in blend.datasets:
+            if by_name.setdefault(d.name, d.file) != d.file:
+                raise checker.fail(
+                    key,
+                    f"two datasets are named {d.name!r} ({by_name[d.name]} and {d.file}); "
+                    "give them distinct `name:` values",
+                )
+            if by_file.setdefault(d.file, d.name) != d.name:
+                raise checker.fail(
+                    key,
+                    f"{d.file} is named both {by_file[d.file]!r} and {d.name!r}; "
+                    "give it one name everywhere",
+                )
+
+
+def _parse_samples(value: Any, checker: _Checker) -> dict[str, int | None]:
+    if value is None:
+        return dict.fromkeys(SPLITS)
+    if isinstance(value, list):
+        if len(value) != 3:
+            raise checker.fail("samples", "a list must have three entries: [train, valid, test]")
+        value = dict(zip(SPLITS, value))
+    if not isinstance(value, dict):
+        raise checker.fail("samples", "expected a mapping {train: N, valid: N, test: N}")
+    checker.unknown_keys(value, set(SPLITS), "samples.")
+    out = {}
+    for s in SPLITS:
+        v = value.get(s)
+        out[s] = None if v is None else checker.integer(
+            v, f"samples.{s}", minimum=0, why=" (2**63 - 1, Megatron's int64)")
+    return out
+
+
+def _parse_tokenizer(value: Any, checker: _Checker) -> tuple[int | None, int | None, dict]:
+    if value is None:
+        raise checker.fail("tokenizer", "missing: Megatron needs a tokenizer; give at least its "
+                                        "end-of-document id, e.g. {eod: 50256, pad: null}")
+    if not isinstance(value, dict):
+        raise checker.fail("tokenizer", "expected a mapping {eod: ID, pad: ID or null}")
+    checker.unknown_keys(value, TOKENIZER_KEYS, "tokenizer.")
+    eod = value.get("eod")
+    if eod is None:
+        raise checker.fail("tokenizer.eod", "missing: the tokenizer's end-of-document token id, "
+                                            "e.g. 50256 (mmfs.json gives it to loaders)")
+    int64 = " (int64, as Megatron holds token ids)"
+    eod = checker.integer(eod, "tokenizer.eod", minimum=0, why=int64)
+    pad = value.get("pad")
+    pad = None if pad is None else checker.integer(pad, "tokenizer.pad", minimum=-1, why=int64)
+    if pad == -1:
+        pad = None  # Megatron's "no pad"
+    vocab = value.get("vocab_size")
+    vocab = None if vocab is None else checker.integer(vocab, "tokenizer.vocab_size", minimum=1,
+                                                        why=int64)
+    if not isinstance(value.get("class", ""), str) or value.get("class") == "":
+        raise checker.fail("tokenizer.class", f"expected a class name, got {show(value['class'])}")
+    if not isinstance(value.get("tokenizer_path", ""), (str, type(None))):
+        raise checker.fail("tokenizer.tokenizer_path",
+                           f"expected a path or null, got {show(value['tokenizer_path'])}")
+    custom = value.get("unique_identifiers")
+    if custom is not None:
+        if not isinstance(custom, dict):
+            raise checker.fail("tokenizer.unique_identifiers", "expected a mapping")
+        return eod, pad, dict(custom)
+    # What megatron-core's default text tokenizer puts into the cache description
+    # (strings, as it stores them).
+    identifiers = {
+        "class": value.get("class", DEFAULT_TOKENIZER_CLASS),
+        "tokenizer_path": value.get("tokenizer_path"),
+        "vocab_size": None if vocab is None else str(vocab),
+        "eod_id": None if eod is None else str(eod),
+        "pad_id": str(-1 if pad is None else pad),
+    }
+    return eod, pad, identifiers
+
+
+def _check_weighted_sizes(blend: Blend | None, blend_per_split: dict | None,
+                          samples: dict[str, int | None], checker: _Checker) -> None:
+    """megatron-core asserts "size_is_none => weights_are_none" for every split, also
+    one with a zero share of `split`; with blend_per_split, for each split given."""
+    for s in SPLITS:
+        weighted = blend if blend is not None else (blend_per_split or {}).get(s)
+        if weighted is not None and weighted.weights is not None and samples[s] is None:
+            source = "the datasets have" if blend is not None else f"blend_per_split.{s} has"
+            raise checker.fail(
+                f"samples.{s}",
+                f"missing: {source} weights, so Megatron needs a {s} sample count (it asserts "
+                "without one, even for a split with no share); give one or drop the weights",
+            )
+
+
+def load_config(path: str) -> Config:
+    """Read and check a YAML config; raises ConfigError naming the file and key."""
+    checker = _Checker(path)
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping of keys (datasets, split, ...)")
+    checker.unknown_keys(raw, TOP_LEVEL_KEYS, "")
+    base_dir = os.path.dirname(os.path.abspath(path))
+
+    sources = [k for k in ("datasets", "data_path", "blend_per_split") if raw.get(k) is not None]
+    if len(sources) != 1:
+        raise checker.fail(
+            "datasets",
+            "give exactly one of `datasets`, `data_path` or `blend_per_split`"
+            + (f" (found {', '.join(sources)})" if sources else ""),
+        )
+    source = sources[0]
+    blend = blend_per_split = None
+    split = None
+    if source == "blend_per_split":
+        if raw.get("split") is not None:
+            raise checker.fail("split", "cannot be used with blend_per_split (each split has its own blend)")
+        value = raw["blend_per_split"]
+        if not isinstance(value, dict):
+            raise checker.fail("blend_per_split", "expected a mapping {train: [...], valid: [...], test: [...]}")
+        checker.unknown_keys(value, set(SPLITS), "blend_per_split.")
+        blend_per_split = {
+            s: None if value.get(s) is None else _parse_blend(value[s], checker, f"blend_per_split.{s}", base_dir)
+            for s in SPLITS
+        }
+        if not any(blend_per_split.values()):
+            raise checker.fail("blend_per_split", "every split is empty; give at least one a blend")
+        _check_names([b for b in blend_per_split.values() if b], checker, "blend_per_split")
+    else:
+        blend = _parse_blend(raw[source], checker, source, base_dir)
+        _check_names([blend], checker, source)
+        split_value = raw.get("split", "969,30,1")
+        if isinstance(split_value, (int, float)) and not isinstance(split_value, bool):
+            split_value = str(split_value)
+        if not isinstance(split_value, str):
+            raise checker.fail("split", f"expected a string like \"969,30,1\", got {show(split_value)}")
+        parse_split(split_value, checker)
+        split = split_value
+
+    add_extra_token = checker.boolean(
+        raw.get("add_extra_token_to_sequence", True), "add_extra_token_to_sequence")
+    if raw.get("sequence_length") is None:
+        raise checker.fail("sequence_length", "missing: the number of tokens per sample, e.g. 4096")
+    # Megatron's sample index helper takes int32 lengths: S + the extra token must fit.
+    sequence_length = checker.integer(
+        raw.get("sequence_length"), "sequence_length", minimum=1,
+        maximum=2**31 - 1 - int(add_extra_token),
+        why=" (2**31 - 1 tokens with the extra token: Megatron's int32)")
+    seed = checker.integer(raw.get("seed", 1234), "seed", minimum=0, maximum=2**32 - 1,
+                           why=" (numpy's RandomState seed range)")
+    surplus = checker.number(raw.get("mid_level_dataset_surplus", 0.005), "mid_level_dataset_surplus")
+    if not 0 <= surplus <= MAX_SURPLUS:
+        raise checker.fail("mid_level_dataset_surplus",
+                           f"must be between 0 and {MAX_SURPLUS:g}, got {surplus}")
+    eod, pad, identifiers = _parse_tokenizer(raw.get("tokenizer"), checker)
+    cache_dir = raw.get("cache_dir")
+    if cache_dir is not None:
+        cache_dir = checker.path_text(cache_dir, "cache_dir", "a directory path")
+        cache_dir = os.path.normpath(os.path.join(base_dir, cache_dir))
+    samples = _parse_samples(raw.get("samples"), checker)
+    _check_weighted_sizes(blend, blend_per_split, samples, checker)
+
+    training = parse_training(raw.get("training"), checker)
+    samples = samples_with_training(_parse_samples(raw.get("samples"), checker), training, checker)
+    return Config(
+        path=path,
+        blend=blend,
+        blend_per_split=blend_per_split,
+        split=split,
+        samples=samples,
+        sequence_length=sequence_length,
+        seed=seed,
+        add_extra_token=add_extra_token,
+        drop_last_partial_validation_sequence=checker.boolean(
+            raw.get("drop_last_partial_validation_sequence", True),
+            "drop_last_partial_validation_sequence",
+        ),
+        mid_level_dataset_surplus=surplus,
+        eod=eod,
+        pad=pad,
+        tokenizer_identifiers=identifiers,
+        cache_dir=cache_dir,
+        raw=raw,
+        training=training,
+    )
+
+
+# -- the optional `training:` block (Megatron's data-parallel samplers) ------------
+
+TRAINING_KEYS = {
+    "data_parallel_size", "micro_batch_size", "dataloader_type", "data_sharding",
+    "global_batch_size", "train_iters", "eval_interval", "eval_iters",
+}
+DATALOADER_TYPES = ("single", "cyclic")
+MEGATRON_EVAL_ITERS = 100  # megatron's default for --eval-iters
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """How Megatron's data loader hands samples to data-parallel ranks."""
+
+    data_parallel_size: int
+    micro_batch_size: int
+    dataloader_type: str = "single"  # single | cyclic
+    data_sharding: bool = True  # cyclic only; Megatron's default
+    global_batch_size: int | None = None
+    train_iters: int | None = None
+    eval_interval: int | None = None
+    eval_iters: int | None = None  # None: Megatron's default (100) where it is needed
+
+    def derived_samples(self) -> dict[str, int] | None:
+        """Sample counts per split as Megatron derives them from train_iters
+        (get_train_valid_test_num_samples), or None without train_iters."""
+        if self.train_iters is None:
+            return None
+        gbs = self.global_batch_size
+        eval_iters = MEGATRON_EVAL_ITERS if self.eval_iters is None else self.eval_iters
+        return {
+            "train": self.train_iters * gbs,
+            "valid": (self.train_iters // self.eval_interval + 1) * eval_iters * gbs,
+            "test": eval_iters * gbs,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "data_parallel_size": self.data_parallel_size,
+            "micro_batch_size": self.micro_batch_size,
+            "dataloader_type": self.dataloader_type,
+            "data_sharding": self.data_sharding,
+            "global_batch_size": self.global_batch_size,
+            "train_iters": self.train_iters,
+            "eval_interval": self.eval_interval,
+            "eval_iters": self.eval_iters,
+        }
+
+
+# Ranks the mount shows a folder for, at most: each costs the daemon a view (about
+# 2 KB), and 16,384 is past the data-parallel size of today's largest jobs.
+MAX_DATA_PARALLEL_SIZE = 16384
+
+
+def parse_training(value: Any, checker: _Checker) -> TrainingConfig | None:
+    """The `training:` block, checked; None when it is absent."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise checker.fail("training", "expected a mapping {data_parallel_size: N, micro_batch_size: N, ...}")
+    checker.unknown_keys(value, TRAINING_KEYS, "training.")
+
+    def optional_int(key: str, minimum: int) -> int | None:
+        v = value.get(key)
+        return None if v is None else checker.integer(v, f"training.{key}", minimum=minimum)
+
+    for key in ("data_parallel_size", "micro_batch_size"):
+        if value.get(key) is None:
+            raise checker.fail(f"training.{key}", "missing: needed to give each data-parallel rank its micro-batches")
+    dp = checker.integer(value["data_parallel_size"], "training.data_parallel_size", minimum=1,
+                         maximum=MAX_DATA_PARALLEL_SIZE,
+                         why=" (the mount holds a folder of micro-batches per rank)")
+    mbs = optional_int("micro_batch_size", 1)
+    kind = value.get("dataloader_type", "single")
+    if kind not in DATALOADER_TYPES:
+        raise checker.fail("training.dataloader_type", f"{kind!r} is not a dataloader type (single or cyclic)")
+    sharding = value.get("data_sharding")
+    if sharding is not None:
+        sharding = checker.boolean(sharding, "training.data_sharding")
+        if kind != "cyclic":
+            raise checker.fail("training.data_sharding", "only applies with dataloader_type: cyclic")
+    gbs = optional_int("global_batch_size", 1)
+    if gbs is not None and gbs % (mbs * dp):
+        raise checker.fail(
+            "training.global_batch_size",
+            f"{gbs} is not a multiple of micro_batch_size x data_parallel_size = {mbs * dp}",
+        )
+    train_iters = optional_int("train_iters", 0)
+    eval_interval = optional_int("eval_interval", 1)
+    eval_iters = optional_int("eval_iters", 0)
+    if train_iters is not None:
+        if gbs is None:
+            raise checker.fail("training.global_batch_size", "missing: train_iters counts iterations of a global batch")
+        if eval_interval is None:
+            raise checker.fail("training.eval_interval", "missing: with train_iters, Megatron sizes the validation "
+                               "split as (train_iters // eval_interval + 1) x eval_iters x global_batch_size")
+    else:
+        for key in ("eval_interval", "eval_iters"):
+            if value.get(key) is not None:
+                raise checker.fail(f"training.{key}", "only used with train_iters (to derive the sample counts)")
+    return TrainingConfig(dp, mbs, kind, True if sharding is None else sharding, gbs, train_iters,
+                          eval_interval, eval_iters)
+
+
+def samples_with_training(samples: dict[str, int | None], training: TrainingConfig | None,
+                          checker: _Checker) -> dict[str, int | None]:
+    """`samples` with the counts train_iters derives filled in; a count given in
+    both places must agree."""
+    derived = None if training is None else training.derived_samples()
+    if derived is None:
+        return samples
+    out = dict(samples)
+    for split, n in derived.items():
+        if out.get(split) is None:
+            out[split] = n
+        elif out[split] != n:
+            raise checker.fail(
+                f"samples.{split}",
+                f"{out[split]} disagrees with training.train_iters, which gives {n} as Megatron derives it; "
+                "give one of them",
+            )
+    return out

@@ -1,0 +1,188 @@
+"""The C core's view of numpy arrays (`mmfs_array`): in memory, or read with pread.
+
+Index and token files are memory-mapped. Every page a read touches through a
+map stays in the process's page tables and counts in its resident memory, so a
+long-running reader of random samples (the mount daemon) would grow to the size
+of everything it ever touched: gigabytes for a config of 100M samples. A map
+also kills its reader with SIGBUS when the file shrinks under it. So for the
+daemon, `ArrayPlacer` copies the smallest file-backed arrays into its own
+memory, up to a limit in total, and has the C core read the rest with pread(2)
+from the file: the same bytes, served from the page cache, never mapped; a
+file that shrinks then gives a short read, which the C core reports as an
+error naming the file, never a crash.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+from mmfs.errors import FormatError
+from mmfs.formats.dtypes import native_code
+from mmfs.megatron.cache import CachedArray
+from mmfs.native import ffi
+
+
+def file_region(array: np.ndarray) -> tuple[str, int] | None:
+    """(file name, byte offset) of the bytes of a C-contiguous array that views a
+    np.memmap (through any chain of views), or None for an array in memory."""
+    if not array.flags.c_contiguous or array.size == 0:
+        return None
+    node: Any = array
+    for _ in range(64):
+        if isinstance(node, np.memmap) and isinstance(getattr(node, "_mmap", None), mmap.mmap):
+            m = node._mmap
+            # np.memmap maps from `offset` rounded down to the allocation granularity.
+            map_start = node.offset - node.offset % mmap.ALLOCATIONGRANULARITY
+            map_address = np.frombuffer(m, dtype=np.uint8).ctypes.data
+            if not node.filename:
+                return None
+            return str(node.filename), map_start + (array.ctypes.data - map_address)
+        node = getattr(node, "base", None)
+        if not isinstance(node, np.ndarray):
+            return None
+    return None
+
+
+def native_array(array: np.ndarray) -> np.ndarray:
+    """The array C-contiguous in native byte order (a copy only when it is not)."""
+    array = np.asarray(array)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return np.ascontiguousarray(array)
+
+
+def _pread_into(fd: int, array: np.ndarray, offset: int) -> int:
+    """Fill `array` from the file at `offset`; the bytes read (fewer at its end)."""
+    view = memoryview(array).cast("B")
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+_openings = itertools.count(1)  # one per file a placer opens: keys the C block cache
+
+
+class ArrayPlacer:
+    """Fills `mmfs_array` structs and decides where each array is read from.
+
+    `place(c, array)` points c at the array (its map) at once; `finish()` then
+    switches the largest file-backed arrays to pread until the others fit in
+    `map_limit` bytes (None: everything stays mapped); `load()` replaces
+    those others' maps by copies in memory."""
+
+    def __init__(self, map_limit: int | None = None) -> None:
+        self.map_limit = map_limit
+        self._placed: list[tuple[Any, np.ndarray, tuple[str, int] | None]] = []
+        self._fds: dict[str, int] = {}
+        self._openings: dict[str, int] = {}  # path -> its `file` number (see mmfs_array)
+        self._within: list[tuple[tuple[str, int], np.ndarray]] = []  # kept within the limit
+        self._by_region: dict[tuple[str, int], list[Any]] = {}  # structs placed on each file region
+        self._copies: list[np.ndarray] = []  # what load() made
+        self.mapped_bytes = 0  # file-backed, mapped (or copied by load())
+        self.pread_bytes = 0   # file-backed, read with pread
+        self.memory_bytes = 0  # not file-backed: held in the process's memory
+
+    def place(self, c: Any, array: Any) -> Any:
+        """Describe `array` (made native and contiguous) in the struct c; returns
+        the array the struct points into (the caller keeps it alive).
+
+        An array still in its cache file (a CachedArray, not mapped) stays unmapped
+        under a map limit: finish() decides whether load() copies it or the C
+        core preads it. Without a limit it is mapped here."""
+        if isinstance(array, CachedArray):
+            if self.map_limit is not None and array.dtype.isnative and array.size:
+                c.dtype = native_code(array.dtype)
+                c.count = array.size
+                c.fd = -1
+                c.offset = 0
+                c.data = ffi.NULL  # until load(), or for pread
+                self._placed.append((c, array, (array.path, array.offset)))
+                return array
+            array = array.map()
+        array = native_array(array)
+        c.dtype = native_code(array.dtype)
+        c.count = array.size
+        c.fd = -1
+        c.offset = 0
+        c.data = ffi.cast("const uint8_t *", array.ctypes.data) if array.size else ffi.NULL
+        region = file_region(array)
+        if region is None:
+            self.memory_bytes += array.nbytes
+        self._placed.append((c, array, region))
+        return array
+
+    def finish(self) -> None:
+        """Apply the map limit (once every array is placed)."""
+        files = sorted((a.nbytes, i) for i, (_, a, region) in enumerate(self._placed) if region)
+        by_region = self._by_region = {}
+        for c, _, region in self._placed:
+            if region:
+                by_region.setdefault(region, []).append(c)
+        seen: set[tuple[str, int]] = set()
+        for nbytes, i in files:
+            c, array, region = self._placed[i]
+            if region in seen:  # the same bytes placed twice: decided already
+                continue
+            seen.add(region)
+            if self.map_limit is None:
+                self.mapped_bytes += nbytes
+                continue
+            within = self.mapped_bytes + nbytes <= self.map_limit
+            if within:
+                self._within.append((region, array))
+                self.mapped_bytes += nbytes
+                if not isinstance(array, CachedArray):
+                    continue  # mapped until load() copies it
+            else:
+                self.pread_bytes += nbytes
+            # Read with pread (an unmapped CachedArray within the limit, until load()).
+            path, offset = region
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                self._openings[path] = next(_openings)
+            for c2 in by_region[region]:
+                c2.data, c2.fd, c2.file, c2.offset = ffi.NULL, fd, self._openings[path], offset
+
+    def load(self) -> None:
+        """Replace the maps of the arrays kept within the limit by copies read
+        from their files, in this process's memory. Call it in the process that
+        serves reads (the daemon, after the fork): a copy never faults, however
+        its file changes later."""
+        for region, array in self._within:
+            path, offset = region
+            fd = self._fds.get(path)
+            if fd is None:  # a mapped array: its file is not open here
+                copy = np.fromfile(path, dtype=array.dtype, count=array.size, offset=offset)
+            else:  # through the open file: thousands of small arrays, one pread each
+                copy = np.empty(array.size, dtype=array.dtype)
+                copy = copy[: _pread_into(fd, copy, offset) // copy.itemsize]
+            if copy.size != array.size:
+                raise FormatError(f"{path}: shorter than when it was opened (it changed); "
+                                  "run the command again")
+            address = ffi.cast("const uint8_t *", copy.ctypes.data)
+            for c in self._by_region[region]:
+                c.data = address
+            self._copies.append(copy)
+        self._within = []
+
+    def files(self) -> list[str]:
+        """Every file an array placed here comes from."""
+        return sorted({region[0] for _, _, region in self._placed if region})
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()

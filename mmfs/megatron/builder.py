@@ -1,0 +1,582 @@
+"""megatron-core's BlendedMegatronDatasetBuilder, for GPT: from a Config and the
+opened datasets to each split's GPTDataset indices and, where Megatron blends,
+the BlendedDataset indices. Indices come from the cache when it has them.
+
+Where megatron-core hangs or asserts (a split with no sequences, weights without
+a size, a blend that draws more samples than a dataset has), this raises a
+ConfigError naming the YAML file and the key instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from mmfs.config.schema import SPLITS, Config, DatasetSpec
+from mmfs.errors import CacheError, ConfigError
+from mmfs.megatron.arrays import file_region
+from mmfs.megatron.blend import (
+    MAX_DATASETS,
+    blend_description,
+    build_blending_indices,
+    build_exhaustive_blending_indices,
+    sizes_per_dataset,
+)
+from mmfs.megatron.cache import HEADERS_FROM, Batch, CachedArray, HeaderFile, IndexCache, description_hash
+from mmfs.megatron.cachelock import try_lock, wait_unlocked
+from mmfs.megatron.gpt import GptParams, build_gpt_indices, check_gpt_build
+from mmfs.megatron.splits import normalize, split_matrix, split_range
+
+log = logging.getLogger(__name__)
+gpt_log = logging.getLogger(build_gpt_indices.__module__)
+DETAILED_UP_TO = 16  # indices: a build of more logs only its progress
+
+GPT_ARRAYS = {
+    "document_index": (("int32",), 1),
+    "sample_index": (("int32", "int64"), 2),
+    "shuffle_index": (("uint32", "int64"), 1),
+}
+BLEND_ARRAYS = {
+    "dataset_index": (("int16",), 1),
+    "dataset_sample_index": (("int64",), 1),
+}
+
+
+class _Arrays:
+    """Named arrays, each in memory or a CachedArray mapped on first use, and the
+    cache they belong to."""
+
+    def __init__(self, arrays: dict, cache: IndexCache, from_cache: bool) -> None:
+        self._arrays = dict(arrays)
+        self.cache = cache
+        self.from_cache = from_cache
+
+    def array(self, name: str) -> np.ndarray:
+        a = self._arrays[name]
+        if isinstance(a, CachedArray):
+            a = self._arrays[name] = a.map()
+        return a
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._arrays[name].shape)
+
+    def raw(self, name: str) -> np.ndarray | CachedArray:
+        """The array as held: in memory, or (not mapped yet) a CachedArray."""
+        return self._arrays[name]
+
+    def bytes_in_memory(self) -> int:
+        """Bytes of these arrays held in memory rather than in cache files (which
+        are mapped on first use); O(1) per array, maps nothing."""
+        return sum(int(a.nbytes) for a in self._arrays.values()
+                   if not isinstance(a, CachedArray) and file_region(a) is None)
+
+
+class GptIndices(_Arrays):
+    """One GPTDataset: a dataset, a split of its sequences, and its three indices."""
+
+    def __init__(self, spec: DatasetSpec, params: GptParams, cache: IndexCache, arrays: dict,
+                 from_cache: bool) -> None:
+        super().__init__(arrays, cache, from_cache)
+        self.spec = spec
+        self.params = params
+
+    document_index = property(lambda self: self.array("document_index"))
+    sample_index = property(lambda self: self.array("sample_index"))
+    shuffle_index = property(lambda self: self.array("shuffle_index"))
+
+    def __len__(self) -> int:
+        return self.shape("sample_index")[0] - 1
+
+
+class BlendIndices(_Arrays):
+    def __init__(self, weights: list, size: int | None, cache: IndexCache, arrays: dict,
+                 from_cache: bool) -> None:
+        super().__init__(arrays, cache, from_cache)
+        self.weights = weights
+        self.size = size
+
+    dataset_index = property(lambda self: self.array("dataset_index"))
+    dataset_sample_index = property(lambda self: self.array("dataset_sample_index"))
+
+
+@dataclass
+class SplitIndices:
+    """What a split's top-level dataset is: one GPTDataset, or a blend of several."""
+
+    name: str
+    gpts: list[GptIndices]
+    blend: BlendIndices | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        if self.blend is None:
+            return len(self.gpts[0])
+        return self.blend.shape("dataset_index")[0]
+
+
+class _Descriptions:
+    """Megatron's descriptions of many GPTDatasets and their blend, fast: json.dumps
+    with indent runs in pure Python, which costs seconds over thousands of datasets.
+    One GptParams.description() with marker values gives the text of every
+    GPTDataset of a config; a blend's nests them, indented, as json.dumps would."""
+
+    MARKS = {"dataset_path": "\x00mmfs-path", "num_samples": "\x00mmfs-samples",
+             "split": "\x00mmfs-split"}
+
+    def __init__(self) -> None:
+        self._templates: dict = {}
+
+    def gpt(self, p: GptParams) -> str:
+        fixed = (p.seed, p.sequence_length, p.config_split, json.dumps(p.config_split_matrix),
+                 json.dumps(p.tokenizer_identifiers))
+        template = self._templates.get(fixed)
+        if template is None:
+            m = self.MARKS
+            marked = replace(p, dataset_path=m["dataset_path"], num_samples=m["num_samples"],
+                             split=m["split"])
+            template = self._templates[fixed] = marked.description()
+        text = template
+        for name, value in (("dataset_path", p.dataset_path), ("num_samples", p.num_samples),
+                            ("split", p.split)):
+            text = text.replace(json.dumps(self.MARKS[name]), json.dumps(value), 1)
+        return text
+
+    @staticmethod
+    def blend(gpt_descriptions: list[str], split: str, weights: list, size: int | None) -> str:
+        marker = "\x00mmfs-datasets"
+        text = blend_description(marker, split, weights, size)  # type: ignore[arg-type]
+        pad = "\n" + " " * 8
+        nested = "[]" if not gpt_descriptions else \
+            "[" + ",".join(pad + d.replace("\n", pad) for d in gpt_descriptions) + "\n    ]"
+        return text.replace(json.dumps(marker), nested, 1)
+
+
+def default_cache_dir(spec: DatasetSpec, class_name: str = "GPTDataset") -> str:
+    """Megatron's default: <dataset prefix>/cache/<Class>_indices. (Megatron does not
+    cache blends without a cache path; mmfs keeps them beside the first dataset's.)"""
+    prefix = spec.file[:-5] if spec.file.endswith(".pbin") else spec.file
+    return os.path.join(prefix, "cache", f"{class_name}_indices")
+
+
+class _Task:
+    """One index to obtain: from the cache, by building it, or by waiting for the
+    builder that holds its lock. `result` is set once it is obtained."""
+
+    def __init__(self, cache: IndexCache, specs: dict, label: str, fits, make) -> None:
+        self.cache = cache
+        self.specs = specs
+        self.label = label
+        self.fits = fits  # cached arrays (headers) -> bool
+        self.make = make  # () -> dict of arrays
+        self.result: tuple[dict, bool] | None = None  # (arrays, from_cache)
+        self.weights: list | None = None  # a blend's, as Megatron describes them
+        self.lock_path = cache.lock_path  # or its claim's (assign_locks)
+
+
+CLAIM_MAX = 32  # indices under one build lock
+
+
+def assign_locks(tasks: list[_Task]) -> None:
+    """The lock each task is built under. A lock file per index would create and
+    delete thousands of inodes for a large blend (and on ext4 without a journal,
+    every file created in the next minutes scans the freed ones), so GPTDatasets
+    go in claims of up to CLAIM_MAX, named after their members: builders of one
+    config agree on them. A config of fewer than 128 indices keeps a lock per
+    index; a larger one has at least 64 claims, to share among threads and builders."""
+    size = max(1, min(CLAIM_MAX, len(tasks) // 64))
+    if size == 1:
+        return
+    groups: dict[tuple, list[_Task]] = {}
+    for t in tasks:  # a blend (a long build) stays alone
+        groups.setdefault((t.cache.folder, t.specs is BLEND_ARRAYS), []).append(t)
+    for (folder, blends), group in groups.items():
+        if blends or folder is None:
+            continue
+        for k in range(0, len(group), size):
+            members = group[k:k + size]
+            if len(members) > 1:
+                name = description_hash("\n".join(t.cache.base for t in members))
+                for t in members:
+                    t.lock_path = os.path.join(folder, f"{name}-indices.lock")
+
+
+class _Progress:
+    """Logs how many indices are ready, at most once a second, and at the end. A
+    small build also names each index it builds and its steps; a large one (a
+    blend of many datasets) only counts."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.built = self.loaded = 0
+        self.detailed = total <= DETAILED_UP_TO
+        self.t0 = self.last = time.perf_counter()
+        self._guard = threading.Lock()
+
+    def building(self, label: str) -> None:
+        with self._guard:
+            n = self.built + self.loaded + 1
+        log.log(logging.INFO if self.detailed else logging.DEBUG, "[%d] building %s indices",
+                n, label)
+
+    def step(self, built: bool) -> None:
+        with self._guard:
+            if built:
+                self.built += 1
+            else:
+                self.loaded += 1
+            now = time.perf_counter()
+            done = self.built + self.loaded
+            if now - self.last >= 1.0 or done == self.total:
+                self.last = now
+                log.info("indices: %d/%d ready (%d built, %d from cache) in %.1f s", done,
+                         self.total, self.built, self.loaded, now - self.t0)
+
+
+class _DropInfo(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno != logging.INFO
+
+
+def default_jobs() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class Builder:
+    """Builds (or loads) every split of a config. `datasets` maps DatasetSpec.file
+    to the opened dataset (anything with sequence_lengths and num_sequences).
+
+    jobs: indices built at once in threads (the C core and numpy's shuffles
+    release the GIL), as megatron-core's num_dataset_builder_threads. Several
+    processes may build into one cache folder: each index is built by the one
+    holding its lock (cachelock.py); the others load it when it is there."""
+
+    def __init__(self, config: Config, datasets: dict, jobs: int | None = None) -> None:
+        self.config = config
+        self.datasets = datasets
+        self.jobs = jobs or default_jobs()
+        self.batch = Batch()
+        self._folders_made: set[str] = set()
+        self._progress = _Progress(0)
+        self._descriptions = _Descriptions()
+
+    # -- errors --------------------------------------------------------------
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.config.path}: {key}: {message}")
+
+    # -- one GPTDataset ----------------------------------------------------------
+
+    def gpt_task(self, spec: DatasetSpec, split: str, bookend: tuple, num_samples: int | None,
+                 key: str) -> tuple[_Task, GptParams]:
+        c = self.config
+        dataset = self.datasets[spec.file]
+        beg, end = split_range(bookend, dataset.num_sequences)
+        if end <= beg:
+            raise self.fail(
+                key,
+                f"the {split} split gets 0 of the {dataset.num_sequences} sequences of "
+                f"{spec.path}; Megatron cannot build it (it loops forever). Give {split} a "
+                "larger share or set its share to 0",
+            )
+        params = GptParams(
+            dataset_path=spec.path,
+            split=split,
+            beg=beg,
+            end=end,
+            num_samples=num_samples,
+            sequence_length=c.sequence_length,
+            seed=c.seed,
+            add_extra_token=c.add_extra_token,
+            drop_last_partial=c.drop_last_partial_validation_sequence if split == "valid" else True,
+            config_split=c.split,
+            config_split_matrix=None if c.split is None else split_matrix(c.split),
+            tokenizer_identifiers=c.tokenizer_identifiers,
+        )
+        cache = IndexCache(c.cache_dir or default_cache_dir(spec), self._descriptions.gpt(params),
+                           "GPTDataset", split)
+        label = f"{split}/{spec.name}"
+
+        def make() -> dict:
+            check_gpt_build(dataset, params, cache.folder, c.path)
+            read = getattr(dataset, "read_sequence_lengths", None)
+            lengths = read() if read else dataset.sequence_lengths
+            if int(np.asarray(lengths[beg:end]).sum(dtype=np.int64)) == 0:
+                raise self.fail(key, f"the {split} split of {spec.path} (sequences {beg}..{end}) "
+                                     "holds no tokens; nothing can be sampled from it")
+            self._progress.building(label)
+            return build_gpt_indices(lengths, params, label)
+
+        return _Task(cache, GPT_ARRAYS, label, lambda a: self._gpt_arrays_fit(a, params),
+                     make), params
+
+    @staticmethod
+    def _gpt_arrays_fit(arrays: dict, p: GptParams) -> bool:
+        """O(1) checks that cached arrays belong together (a mismatch means rebuild);
+        reads three numbers, maps nothing."""
+        doc, sample, shuffle = (arrays["document_index"], arrays["sample_index"],
+                                arrays["shuffle_index"])
+        n = p.end - p.beg
+        ok = (sample.shape[1:] == (2,) and sample.shape[0] >= 1
+              and shuffle.shape[0] == sample.shape[0] - 1
+              and doc.shape[0] % n == 0 and doc.shape[0] >= n)
+        try:
+            if ok:
+                last = 2 * (sample.shape[0] - 1)
+                ok = sample.read_item(0) == 0 and sample.read_item(1) == 0 and \
+                    0 <= sample.read_item(last) < doc.shape[0]
+        except (OSError, ValueError):
+            ok = False
+        if not ok:
+            log.warning("%s: cached indices do not fit together; rebuilding", p.dataset_path)
+        return ok
+
+    # -- one blend --------------------------------------------------------------
+
+    def blend_task(self, split: str, specs: list, descriptions: list[str], weights: list,
+                   size: int | None) -> tuple[_Task, list]:
+        c = self.config
+        if size is not None:
+            weights = normalize(weights)  # BlendedDataset normalises again, as Megatron does
+        description = self._descriptions.blend(descriptions, split, weights, size)
+        folder = c.cache_dir or default_cache_dir(specs[0], "BlendedDataset")
+        cache = IndexCache(folder, description, "BlendedDataset", split)
+        expected = size if size is not None else sum(weights)
+
+        def fits(arrays: dict) -> bool:
+            return arrays["dataset_index"].shape == (expected,) and \
+                arrays["dataset_sample_index"].shape == (expected,)
+
+        def make() -> dict:
+            t0 = time.perf_counter()
+            if size is not None:
+                arrays = build_blending_indices(weights, size)
+            else:
+                arrays = build_exhaustive_blending_indices(weights)
+            log.info("%s/blend: blending index of %d samples over %d datasets (%.2f s)", split,
+                     expected, len(specs), time.perf_counter() - t0)
+            drawn[:] = np.bincount(arrays["dataset_index"], minlength=len(specs)).tolist()
+            return arrays
+
+        drawn: list = []
+        task = _Task(cache, BLEND_ARRAYS, f"{split}/blend", fits, make)
+        task.weights = weights
+        return task, drawn
+
+    def _check_blend_fits(self, split: str, gpts: list[GptIndices], blend: BlendIndices,
+                          drawn: list, key: str) -> None:
+        for k, g in enumerate(gpts):
+            if drawn and drawn[k] > len(g):
+                for name in [*BLEND_ARRAYS, "description"]:  # never reuse a blend that cannot be read
+                    suffix = "description.txt" if name == "description" else f"{name}.npy"
+                    try:
+                        os.unlink(blend.cache.path(suffix))
+                    except (OSError, CacheError):
+                        pass
+                raise self.fail(
+                    key,
+                    f"the {split} blend draws {drawn[k]} samples from {g.spec.name} but it has "
+                    f"only {len(g)}; raise mid_level_dataset_surplus",
+                )
+
+    # -- obtaining indices ------------------------------------------------------------
+
+    def _obtain(self, claim: list[_Task]) -> bool:
+        """Build the indices of one claim (tasks under one lock) that the cache does
+        not have; False when another builder holds the claim's lock."""
+        lock = None
+        folder = claim[0].cache.folder
+        if folder is not None:
+            try:
+                if folder not in self._folders_made:
+                    os.makedirs(folder, exist_ok=True)
+                    self._folders_made.add(folder)
+                lock = try_lock(claim[0].lock_path)
+            except OSError:
+                lock = False  # unwritable: build in memory (stage() says why, once)
+            if lock is None:
+                return False
+            if lock:
+                self.batch.hold(lock)  # released at the commit, or the abandon
+                # finished by another builder meanwhile: load those
+                claim = [t for t in claim if not self._from_cache(t)]
+        for task in claim:
+            task.result = (task.cache.stage(task.make(), self.batch), False)
+            self._progress.step(built=True)
+        return True
+
+    def _from_cache(self, task: _Task, known: dict | None = None) -> bool:
+        """Load the task's index from the cache (or from `known`, what a header file
+        holds: base -> (description FileId, arrays)); False when it is not there or
+        not sound."""
+        unsaved = task.cache.unsaved()
+        if unsaved is not None:
+            task.result = (unsaved, False)
+        elif known and task.cache.base in known:
+            task.cache.description_file, arrays = known[task.cache.base]
+            task.result = (arrays, True)
+        else:
+            arrays = task.cache.load(task.specs)
+            if arrays is None or not task.fits(arrays):
+                return False
+            task.result = (arrays, True)
+        self._progress.step(built=False)
+        return True
+
+    def _run(self, tasks: list[_Task]) -> None:
+        """Obtain every task: build or load what can be, commit, then wait for the
+        indices other builders hold and take those over whose builder died."""
+        self._progress = _Progress(len(tasks))
+        pending = tasks
+        quiet = None if self._progress.detailed else _DropInfo()
+        if quiet:  # the steps of each of thousands of indices would drown the progress
+            gpt_log.addFilter(quiet)
+        assign_locks(tasks)
+        header_files = self._header_files(tasks)
+        known: dict = {}
+        for header_file, group in header_files:
+            known.update(header_file.read({t.cache.base: t.specs for t in group}))
+        try:
+            # Cache hits first, in this thread: a thread per hit costs more than the hit.
+            pending = [t for t in pending if not self._from_cache(t, known)]
+            while pending:
+                claims: dict[str, list[_Task]] = {}
+                for t in pending:
+                    claims.setdefault(t.lock_path, []).append(t)
+                units = list(claims.values())
+                if self.jobs > 1 and len(units) > 1:
+                    with ThreadPoolExecutor(min(self.jobs, len(units)),
+                                            thread_name_prefix="mmfs-build") as pool:
+                        done = list(pool.map(self._obtain, units))
+                else:
+                    done = [self._obtain(u) for u in units]
+                self.batch.commit()  # before waiting: never wait while holding locks
+                held = [u for u, ok in zip(units, done) if not ok]
+                for u in held:
+                    log.info("%s: waiting for the builder holding %s", u[0].label, u[0].lock_path)
+                    wait_unlocked(u[0].lock_path)
+                for header_file, group in header_files if held else ():
+                    # written by a builder that is done: what it holds need not be read
+                    known.update(header_file.read({t.cache.base: t.specs for t in group
+                                                   if t.result is None}))
+                pending = [t for u in held for t in u if not self._from_cache(t, known)]
+        except BaseException:
+            self.batch.abandon()
+            raise
+        finally:
+            if quiet:
+                gpt_log.removeFilter(quiet)
+        for header_file, group in header_files:
+            if any(t.cache.base not in known for t in group):
+                header_file.write([(t.cache, t.result[0]) for t in group])
+
+    @staticmethod
+    def _header_files(tasks: list[_Task]) -> list[tuple[HeaderFile, list[_Task]]]:
+        """A header file for each cache folder holding many of these indices."""
+        by_folder: dict[str, list[_Task]] = {}
+        for t in tasks:
+            if t.cache.folder is not None:
+                by_folder.setdefault(t.cache.folder, []).append(t)
+        return [(HeaderFile(folder, [t.cache for t in group]), group)
+                for folder, group in by_folder.items() if len(group) >= HEADERS_FROM]
+
+    # -- all splits ------------------------------------------------------------------
+
+    def build(self) -> dict[str, SplitIndices]:
+        c = self.config
+        if c.blend is not None:
+            matrix = split_matrix(c.split)
+            key = "datasets" if c.raw.get("datasets") is not None else "data_path"
+            bookends = {s: matrix[i] for i, s in enumerate(SPLITS)}
+            plans = self._plan_blend(c.blend.datasets, c.blend.weights, bookends, key,
+                                     per_split=False)
+        else:
+            plans = []
+            for s in SPLITS:
+                blend = c.blend_per_split[s]
+                if blend is not None:
+                    plans += self._plan_blend(blend.datasets, blend.weights, {s: (0.0, 1.0)},
+                                              f"blend_per_split.{s}", per_split=True)
+        # Blends first: the longest tasks start at once, beside the GPTDatasets.
+        first = [p["blend_task"] for p in plans if p.get("blend_task")]
+        first += [t for p in plans for t in p["gpt_tasks"]]
+        self._run(first)
+        for p in plans:
+            p["gpts"] = [GptIndices(spec, params, t.cache, *t.result)
+                         for spec, params, t in zip(p["specs"], p["params"], p["gpt_tasks"])]
+        # Blends weighted by the GPTDatasets' lengths wait for those.
+        later = []
+        for p in plans:
+            if p.get("by_length"):
+                p["blend_task"], p["drawn"] = self._length_blend(p)
+                later.append(p["blend_task"])
+        self._run(later)
+        out = {}
+        for p in plans:
+            split = SplitIndices(p["split"], p["gpts"])
+            task = p.get("blend_task")
+            if task is not None:
+                split.blend = BlendIndices(task.weights, p["size"], task.cache, *task.result)
+                self._check_blend_fits(p["split"], p["gpts"], split.blend, p["drawn"], p["key"])
+            out[p["split"]] = split
+        return out
+
+    def _length_blend(self, p: dict) -> tuple[_Task, list]:
+        lengths = [len(g) for g in p["gpts"]]
+        for g, n in zip(p["gpts"], lengths):
+            if n == 0:
+                raise self.fail(p["key"], f"{g.spec.path} has no {p['split']} samples (its "
+                                f"{p['split']} tokens do not fill one sequence); Megatron "
+                                "cannot weight it by length")
+        size = self.config.samples[p["split"]]
+        p["weights"], p["size"] = lengths, None if size is None else min(size, sum(lengths))
+        return self.blend_task(p["split"], p["specs"], p["descriptions"], p["weights"], p["size"])
+
+    def _plan_blend(self, specs, weights, bookends: dict, key: str, per_split: bool) -> list[dict]:
+        """What each split needs: its GPTDataset tasks and, where it blends, the blend."""
+        c = self.config
+        if len(specs) > MAX_DATASETS:
+            raise self.fail(key, f"{len(specs)} datasets; Megatron blends at most {MAX_DATASETS}")
+        if weights is not None:
+            weights = normalize(weights)
+        plans = []
+        for split, bookend in bookends.items():
+            if bookend is None:
+                continue
+            size = c.samples[split]
+            p: dict = {"split": split, "key": key, "specs": list(specs), "drawn": []}
+            # Megatron: one prefix without weights is the GPTDataset itself; with
+            # blend_per_split, one prefix is never blended.
+            if len(specs) == 1 and (weights is None or per_split):
+                sizes = [size]
+            elif weights is not None:
+                if size is None:
+                    raise self.fail(
+                        f"samples.{split}",
+                        f"missing: the datasets have weights, so the {split} split needs a "
+                        "sample count (Megatron asserts here); give one or drop the weights",
+                    )
+                sizes = sizes_per_dataset(weights, size, c.mid_level_dataset_surplus)
+            else:
+                sizes = [None] * len(specs)
+                p["by_length"] = True
+            made = [self.gpt_task(s, split, bookend, n, key) for s, n in zip(specs, sizes)]
+            p["gpt_tasks"] = [t for t, _ in made]
+            p["params"] = [params for _, params in made]
+            p["descriptions"] = [t.cache.description for t, _ in made]
+            if weights is not None and not (len(specs) == 1 and per_split):
+                target = sizes_per_dataset(weights, size)
+                p["weights"], p["size"] = weights, sum(target)
+                p["blend_task"], p["drawn"] = self.blend_task(split, specs, p["descriptions"],
+                                                              weights, sum(target))
+            plans.append(p)
+        return plans

@@ -1,0 +1,160 @@
+"""A config, opened: its datasets, every split's indices, and readers of samples."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from mmfs.config.schema import Config, load_config
+from mmfs.errors import MmfsError
+from mmfs.formats import open_dataset
+from mmfs.megatron.arrays import ArrayPlacer
+from mmfs.megatron.builder import Builder, SplitIndices
+from mmfs.megatron.reader import SplitReader, TokenSource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    name: str
+    path: str  # as written in the config
+    dataset: Any  # IndexedDataset or PackedDataset
+
+
+class Corpus:
+    """Everything a mount or a loader needs to read the samples of a config."""
+
+    def __init__(self, config: Config, datasets: list[DatasetEntry], by_file: dict,
+                 splits: dict[str, SplitIndices], map_limit_mb: int | None = None) -> None:
+        self.config = config
+        self.config_path = config.path
+        self.config_dict = config.as_dict()
+        self.datasets = datasets
+        self.sequence_length = config.sequence_length
+        self.sample_tokens = config.sequence_length + int(config.add_extra_token)
+        self.eod = config.eod
+        self.pad = config.effective_pad
+        # One dtype for every sample file: the widest of the datasets'.
+        self.dtype = np.dtype(np.result_type(*[d.dataset.dtype for d in datasets])).newbyteorder("<")
+        self._map_limit_mb = map_limit_mb
+        self._by_file = by_file
+        self.indices = splits
+
+    @cached_property
+    def placer(self) -> ArrayPlacer:
+        _ = self.splits
+        return self._placer
+
+    @cached_property
+    def sources(self) -> dict[str, TokenSource]:
+        """The C view of each dataset file (made with the split readers)."""
+        _ = self.splits
+        return self._sources
+
+    @cached_property
+    def splits(self) -> dict[str, SplitReader]:
+        """Readers of each non-empty split. Made on first use: they map every index
+        file, which a summary of the indices (`mmfs build`) does not need."""
+        limit = self._map_limit_mb
+        self._placer = ArrayPlacer(None if limit is None else limit << 20)
+        self._sources = {file: TokenSource(ds, self._placer) for file, ds in self._by_file.items()}
+        splits = {
+            name: SplitReader(s, self._sources, self.dtype, self.sample_tokens, self.pad, self._placer)
+            for name, s in self.indices.items()
+            if len(s) > 0
+        }
+        self._placer.finish()
+        return splits
+
+
+@contextmanager
+def _collector_paused():
+    """Opening a blend of thousands of datasets makes hundreds of thousands of small
+    objects and no garbage cycles to speak of; the cyclic collector's passes over
+    them cost a tenth of a cached re-open."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | None = None,
+                jobs: int | None = None) -> Corpus:
+    """Load a config, open its datasets and build (or load) every index.
+
+    progress: log what is being built, with timings (logging level INFO).
+    map_limit_mb: keep at most this many MB of index and token files mapped and
+    read the rest with pread (for long-running readers, whose resident memory
+    must not grow with what they read; see arrays.py). None: map everything.
+    jobs: indices built at once (default: one per CPU)."""
+    with _collector_paused():
+        return _open_corpus(config_path, progress, map_limit_mb, jobs)
+
+
+def _open_corpus(config_path: str, progress: bool, map_limit_mb: int | None,
+                 jobs: int | None) -> Corpus:
+    t0 = time.perf_counter()
+    config = load_config(config_path)
+    specs = config.all_datasets
+    by_file = {spec.file: open_dataset(spec.file) for spec in specs}
+    entries = [DatasetEntry(spec.name, spec.path, by_file[spec.file]) for spec in specs]
+    sampling_log = logging.getLogger("mmfs.megatron")
+    saved_level = sampling_log.level
+    if not progress:
+        sampling_log.setLevel(logging.WARNING)
+    try:
+        splits = Builder(config, by_file, jobs).build()
+    finally:
+        sampling_log.setLevel(saved_level)
+    corpus = Corpus(config, entries, by_file, splits, map_limit_mb)
+    if progress:
+        log.info("indices ready in %.2f s: %s", time.perf_counter() - t0,
+                 ", ".join(f"{n} {len(s)} samples" for n, s in corpus.indices.items() if len(s))
+                 or "no samples")
+    return corpus
+
+
+# Index arrays held in memory (not mapped from the cache) above this size are
+# re-opened from the cache by open_corpus_for_serving.
+REOPEN_ABOVE = 32 << 20
+
+
+def index_bytes_in_memory(corpus: Corpus) -> int:
+    """Bytes of the corpus's index arrays held in memory rather than mapped from
+    their cache files (a .pbin's sequence table is always in memory: not counted)."""
+    total = 0
+    for s in corpus.indices.values():
+        total += sum(g.bytes_in_memory() for g in s.gpts)
+        if s.blend is not None:
+            total += s.blend.bytes_in_memory()
+    return total
+
+
+def open_corpus_for_serving(config_path: str, progress: bool = True, map_limit_mb: int = 64) -> Corpus:
+    """open_corpus for a long-running reader (the mount daemon): indices just
+    built, and so held in memory, are re-opened from the cache, so that the
+    reader's resident memory does not hold them."""
+    corpus = open_corpus(config_path, progress=progress, map_limit_mb=map_limit_mb)
+    if index_bytes_in_memory(corpus) <= REOPEN_ABOVE:
+        return corpus
+    log.info("re-opening the indices from the cache")
+    corpus = open_corpus(config_path, progress=False, map_limit_mb=map_limit_mb)
+    held = index_bytes_in_memory(corpus)
+    if held > REOPEN_ABOVE:
+        log.warning("the index cache could not be used: %.0f MB of indices stay in memory "
+                    "(is cache_dir writable?)", held / 1e6)
+    return corpus
+
+
+__all__ = ["Corpus", "DatasetEntry", "open_corpus", "open_corpus_for_serving", "MmfsError"]

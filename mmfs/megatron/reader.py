@@ -1,0 +1,165 @@
+"""Reading samples: training-order sample i -> (GPTDataset, unshuffled sample) ->
+tokens. The C core does every step (blend lookup, shuffle, the tail of one
+sequence, whole middle sequences, the head of the last, padding, dtype
+conversion); this module describes the arrays to it and keeps them alive.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from mmfs.errors import NativeError
+from mmfs.formats.dtypes import native_code
+from mmfs.formats.indexed import IndexedDataset
+from mmfs.formats.packed import PackedDataset
+from mmfs.megatron.arrays import ArrayPlacer
+from mmfs.megatron.builder import GptIndices, SplitIndices
+from mmfs.megatron.cache import CachedArray
+from mmfs.native import check, ffi, lib
+
+
+class TokenSource:
+    """The C view (mmfs_source) of one opened dataset."""
+
+    def __init__(self, dataset, placer: ArrayPlacer) -> None:
+        self.dataset = dataset
+        self._placer = placer  # owns the file descriptors pread uses
+        c = ffi.new("mmfs_source *")
+        c.dtype = native_code(dataset.dtype)
+        self._keep = (
+            placer.place(c.bytes, self._array("data")),
+            placer.place(c.lengths, self._array("sequence_lengths")),
+            placer.place(c.pointers, self._array("sequence_pointers")),
+        )
+        self.c = c
+        # Its documents: sequence ranges, or (a .pbin) one sequence each.
+        docs = ffi.new("mmfs_documents *")
+        docs.source = c
+        if not isinstance(dataset, PackedDataset):
+            self._bounds = placer.place(docs.bounds, self._array("document_indices"))
+        self.documents_c = docs
+
+    def _array(self, name: str):
+        """An IndexedDataset's array where it lies in its file, unmapped (the placer
+        maps, copies or preads it), or the dataset's own array."""
+        ds = self.dataset
+        if not isinstance(ds, IndexedDataset):
+            return getattr(ds, name)
+        if name == "data":
+            return CachedArray(ds.bin_path, np.dtype(np.uint8), (ds.bin_size,), 0)
+        offset, dtype, count = ds.array_layout[name]
+        return CachedArray(ds.idx_path, dtype, (count,), offset)
+
+
+_serials = itertools.count(1)  # one per mmfs_gpt struct: see its `serial`
+
+
+class GptReader:
+    """One GPTDataset of a split: its indices described in `c` (an mmfs_gpt)."""
+
+    def __init__(self, gpt: GptIndices, source: TokenSource, c, placer: ArrayPlacer) -> None:
+        self.gpt = gpt
+        self.source = source
+        self.name = gpt.spec.name
+        self.length = len(gpt)
+        c.source = source.c
+        c.extra = gpt.params.extra
+        c.serial = next(_serials)
+        self._keep = (
+            placer.place(c.doc_index, gpt.raw("document_index")),
+            placer.place(c.sample_index, gpt.raw("sample_index")),
+            placer.place(c.shuffle_index, gpt.raw("shuffle_index")),
+        )
+        self.c = c
+
+    def pieces(self, k: int) -> list[tuple[int, int, int]]:
+        """(sequence id, token offset, length) of each piece of unshuffled sample k."""
+        room = 16
+        while True:
+            out = ffi.new("int64_t[]", 3 * room)
+            n = check(lib.mmfs_sample_pieces(self.c, k, out, room), f"{self.name}: sample {k}")
+            if n <= room:
+                return [(out[3 * p], out[3 * p + 1], out[3 * p + 2]) for p in range(n)]
+            room = n
+
+
+class SplitReader:
+    """The samples of one split, in training order (shuffled, blended)."""
+
+    def __init__(self, indices: SplitIndices, sources: dict, dtype: np.dtype,
+                 sample_tokens: int, pad: int, placer: ArrayPlacer) -> None:
+        self.name = indices.name
+        self.indices = indices
+        self.dtype = np.dtype(dtype)
+        self.sample_tokens = sample_tokens
+        self.sample_bytes = sample_tokens * self.dtype.itemsize
+        self.pad = pad
+        self.length = len(indices)
+        self._placer = placer  # owns the file descriptors pread uses
+        gpts_c = ffi.new("mmfs_gpt[]", len(indices.gpts))
+        self.gpts = [GptReader(g, sources[g.spec.file], ffi.addressof(gpts_c, d), placer)
+                     for d, g in enumerate(indices.gpts)]
+        c = ffi.new("mmfs_split *")
+        c.gpts = gpts_c
+        c.num_gpts = len(self.gpts)
+        c.num_samples = self.length
+        c.sample_tokens = sample_tokens
+        c.pad = pad
+        c.out_dtype = native_code(self.dtype)
+        blend = indices.blend
+        self._keep = (gpts_c,) if blend is None else (
+            gpts_c,
+            placer.place(c.dataset_index, blend.raw("dataset_index")),
+            placer.place(c.dataset_sample_index, blend.raw("dataset_sample_index")),
+        )
+        self.c = c
+
+    def __len__(self) -> int:
+        return self.length
+
+    def locate(self, i: int) -> tuple[GptReader, int]:
+        """(GPTDataset, unshuffled sample id) of training-order sample i."""
+        if not 0 <= i < self.length:
+            raise IndexError(f"{self.name}: sample {i} out of range [0, {self.length})")
+        d, k = ffi.new("int32_t *"), ffi.new("int64_t *")
+        rc = lib.mmfs_locate(self.c, i, d, k)
+        if rc == lib.MMFS_E_INDEX_RANGE:
+            raise NativeError(
+                f"{self.name}: sample {i}: its blend or shuffle index entry is out of range; "
+                "the index cache is corrupt: delete it and remount"
+            )
+        check(rc, f"{self.name}: sample {i}")
+        return self.gpts[d[0]], k[0]
+
+    def read_to_address(self, i: int, address) -> None:
+        """Write sample i (sample_bytes bytes) at a C address (int or cdata pointer)."""
+        rc = lib.mmfs_read_split_sample(self.c, i, ffi.cast("void *", address))
+        if rc < 0:
+            gpt, k = self.locate(i)  # raises the clearer message when the blend is at fault
+            check(rc, f"{self.name}: sample {i} ({gpt.name}, unshuffled {k})")
+
+    def read_into(self, i: int, buffer) -> None:
+        """Write sample i into a writable buffer of at least sample_bytes bytes."""
+        view = ffi.from_buffer(buffer, require_writable=True)
+        if len(view) < self.sample_bytes:
+            raise ValueError(f"buffer of {len(view)} bytes < {self.sample_bytes}")
+        if not 0 <= i < self.length:
+            raise IndexError(f"{self.name}: sample {i} out of range [0, {self.length})")
+        self.read_to_address(i, view)
+
+    def read(self, i: int) -> bytes:
+        buf = bytearray(self.sample_bytes)
+        self.read_into(i, buf)
+        return bytes(buf)
+
+    def tokens(self, i: int) -> np.ndarray:
+        buf = bytearray(self.sample_bytes)
+        self.read_into(i, buf)
+        return np.frombuffer(buf, dtype=self.dtype)
+
+    def provenance(self, i: int) -> tuple[str, list[tuple[int, int, int]]]:
+        """(dataset name, [(sequence id, token offset, length), ...]) of sample i."""
+        gpt, k = self.locate(i)
+        return gpt.name, gpt.pieces(k)

@@ -1,0 +1,1 @@
+"""The mount: its views and tree, mmfs.json, the fusepy adapter and the daemon's lifecycle."""

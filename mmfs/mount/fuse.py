@@ -1,0 +1,352 @@
+"""The fusepy adapter: kernel requests -> `Tree`, errors -> errno. Nothing else.
+
+Why it is shaped this way (all for speed, the contents never change):
+
+- The files of every view (samples, documents, sequences; mmfs/mount/views.py)
+  never enter Python: getattr, read and readdir are C handlers
+  (native/mmfs_fuse.c) in the operations table, which hand every other path
+  (mmfs.json, symlinks, the directories above the views) to the Python
+  handlers below.
+- mmfs builds that operations table itself (`Daemon.operations_table`) from
+  fusepy's ctypes declarations, puts the C handlers in, and checks the result
+  before it mounts (`check_table`): the C handlers are compiled for one layout
+  of libfuse 2's `struct fuse_operations`, the one fusepy FUSEPY_VERSION
+  declares. Anything else refuses to mount, in one line.
+- Only what mmfs answers is in the table: no flush, release, opendir,
+  releasedir, fsync or access (libfuse or the kernel handle those).
+- `open` answers ENOSYS. The kernel then stops sending OPEN and RELEASE for
+  files altogether and keeps their page cache across opens (the kernel's
+  "no_open" mode, Linux >= 4.19), so a file read costs one LOOKUP and one READ.
+- The mount is read-only (`ro`): the kernel refuses writes with EROFS before
+  they reach mmfs; the write-like handlers below answer EROFS as well.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import signal
+from functools import partial
+from importlib import metadata
+from typing import Any
+
+import fuse as fusepy
+
+from mmfs.errors import MmfsError, MountError
+from mmfs.mount.latency import LatencyGuard
+from mmfs.mount.tree import DIR_MODE, FILE_MODE, LINK_MODE, Dir, Tree
+from mmfs.native import check, ffi, lib
+
+log = logging.getLogger(__name__)
+
+# The fusepy release whose `fuse_operations` the C handlers are installed in
+# (pinned in pyproject.toml), and where libfuse 2.9 has those handlers in its
+# `struct fuse_operations` on a 64-bit Linux (field k at byte 8 k).
+FUSEPY_VERSION = "3.0.1"
+NATIVE_HANDLERS = {"getattr": 0, "read": 15 * 8, "readdir": 26 * 8, "fgetattr": 34 * 8}
+
+# The data never changes while mounted: let the kernel cache names, attributes
+# and misses for a day.
+CACHE_SECONDS = 86400
+
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "ro": True,
+    "default_permissions": True,  # the kernel checks 0444/0555 itself: no access() calls
+    "kernel_cache": True,
+    "attr_timeout": CACHE_SECONDS,
+    "entry_timeout": CACHE_SECONDS,
+    "negative_timeout": CACHE_SECONDS,
+    "subtype": "mmfs",
+}
+
+# mmfs's own -o options (the rest go to libfuse).
+MMFS_OPTIONS = ("threads", "low_latency", "map_limit_mb", "nothreads", "foreground")
+
+STAT_SIZE = ctypes.sizeof(fusepy.c_stat)
+
+# Index and token files the daemon keeps in memory, at most (the smallest
+# first); it reads the rest with pread, so its resident memory stays flat
+# whatever the config's size. `-o map_limit_mb=N`.
+DEFAULT_MAP_LIMIT_MB = 64
+
+
+def _erofs(*_args: Any) -> None:
+    raise fusepy.FuseOSError(errno.EROFS)
+
+
+class Operations:
+    """What Python answers: readlink, xattrs, statfs, and EROFS for anything
+    that would change the mount. (getattr, read and readdir of the paths the C
+    handlers hand over are `Daemon` methods, on libfuse's buffers.)"""
+
+    use_ns = True  # times in nanoseconds (fusepy warns otherwise)
+
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+
+    def __call__(self, op: str, *args: Any) -> Any:
+        return getattr(self, op)(*args)
+
+    def _node(self, path: str) -> Any:
+        node = self.tree.lookup(path)
+        if node is None:
+            raise fusepy.FuseOSError(errno.ENOENT)
+        return node
+
+    def readlink(self, path: str) -> str:
+        target = self.tree.readlink(self._node(path))
+        if target is None:
+            raise fusepy.FuseOSError(errno.EINVAL)
+        return target
+
+    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        try:
+            value = self.tree.xattr(self._node(path), name)
+        except MmfsError as exc:  # the file cannot be read: say why, answer EIO
+            log.error("getxattr %s %s: %s", path, name, exc)
+            raise fusepy.FuseOSError(errno.EIO) from None
+        if value is None:
+            raise fusepy.FuseOSError(errno.ENODATA)
+        return value
+
+    def listxattr(self, path: str) -> list[str]:
+        return list(self.tree.xattr_names(self._node(path)))
+
+    def statfs(self, path: str) -> dict[str, int]:
+        return self.tree.statfs()
+
+    # Everything that would change the mount.
+    mknod = mkdir = unlink = rmdir = symlink = rename = link = _erofs
+    chmod = chown = truncate = write = create = utimens = _erofs
+    setxattr = removexattr = _erofs
+
+
+# The table entries answered by Python: fusepy's marshalling methods (which
+# call Operations) and the Daemon's own buffer-level ones.
+PYTHON_HANDLERS = (
+    "readlink", "open", "statfs", "getxattr", "listxattr",
+    "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename", "link", "chmod", "chown",
+    "truncate", "write", "create", "utimens", "setxattr", "removexattr",
+)
+
+
+class Daemon(fusepy.FUSE):
+    """fusepy's request marshalling with mmfs's own operations table.
+
+    fusepy's FUSE.__init__ builds a table and starts libfuse in one call, with
+    no say over the table; mmfs does not call it. `serve` builds the table
+    (`operations_table`), checks it and runs libfuse's loop itself."""
+
+    def __init__(self, operations: Operations) -> None:  # not FUSE.__init__: it would mount
+        self.operations = operations
+        self.raw_fi = False
+        self.encoding = "utf-8"
+        self.use_ns = True
+        self._FUSE__critical_exception = None  # fusepy's _wrapper records failures here
+        self._tree = operations.tree
+        self._stats: dict[Any, Any] = {}
+        self._keep: list[Any] = []
+
+    # -- the table ---------------------------------------------------------------
+
+    def operations_table(self) -> fusepy.fuse_operations:
+        """The libfuse operations table: the C handlers for the views, Python
+        for the rest; every C handler's Python fallback kept alive here."""
+        table = fusepy.fuse_operations()
+        prototypes = {field[0]: field[1] for field in fusepy.fuse_operations._fields_}
+        for name in PYTHON_HANDLERS:
+            handler = prototypes[name](partial(self._wrapper, getattr(self, name)))
+            setattr(table, name, handler)
+            self._keep.append(handler)
+        python = {  # what the C handlers hand over to
+            "getattr": prototypes["getattr"](lambda path, buf: self.fgetattr(path, buf, None)),
+            "fgetattr": prototypes["fgetattr"](self.fgetattr),
+            "read": prototypes["read"](self.read),
+            "readdir": prototypes["readdir"](self.readdir),
+        }
+        fallback = ffi.new("mmfs_fuse_fallback *")
+        for name, thunk in python.items():
+            setattr(fallback, name, ffi.cast(ffi.typeof(getattr(fallback, name)),
+                                             ctypes.cast(thunk, ctypes.c_void_p).value))
+        registry = self._tree.registry
+        check(lib.mmfs_fuse_configure(registry.c, len(registry), os.getuid(), os.getgid(),
+                                      STAT_SIZE, fallback), "mmfs_fuse_configure")
+        self._keep += [python, fallback, registry]
+        for name in NATIVE_HANDLERS:
+            setattr(table, name, prototypes[name](native_address(name)))
+        return table
+
+    # -- what the C handlers hand over: paths outside the views, failed reads ----
+
+    def open(self, path: bytes, fip: Any) -> int:
+        # ENOSYS: the kernel stops sending OPEN/RELEASE and keeps the page cache.
+        return -errno.ENOSYS
+
+    def fgetattr(self, path: bytes, buf: Any, fip: Any) -> int:
+        try:
+            node = self._tree.lookup(path.decode("utf-8", "surrogateescape"))
+            if node is None:
+                return -errno.ENOENT
+            a = self._tree.attr(node)
+        except MmfsError as exc:
+            log.error("%s (getattr)", exc)
+            return -errno.EIO
+        except Exception:
+            log.exception("getattr %r", path)
+            return -errno.EIO
+        template = self._stats.get(a)
+        if template is None:
+            template = self._stats[a] = self._make_stat(a)
+        ctypes.memmove(buf, ctypes.addressof(template), STAT_SIZE)
+        return 0
+
+    def _make_stat(self, a: Any) -> Any:
+        st = fusepy.c_stat()
+        st.st_mode = a.mode
+        st.st_nlink = a.nlink
+        st.st_size = a.size
+        st.st_blocks = (a.size + 511) // 512
+        st.st_blksize = 4096
+        st.st_uid = os.getuid()
+        st.st_gid = os.getgid()
+        sec, nsec = divmod(a.mtime_ns, 1_000_000_000)
+        for ts in (st.st_mtimespec, st.st_atimespec, st.st_ctimespec):
+            ts.tv_sec = sec
+            ts.tv_nsec = nsec
+        return st
+
+    def read(self, path: bytes, buf: Any, size: int, offset: int, fip: Any) -> int:
+        name = path.decode("utf-8", "surrogateescape")
+        try:
+            node = self._tree.lookup(name)
+            if isinstance(node, Dir):
+                return -errno.EISDIR
+            if node is None:
+                return -errno.ENOENT
+            data = self._tree.read(node, offset, size)
+        except MmfsError as exc:  # a view's file that cannot be read: say why
+            log.error("%s (a read of %d bytes at %d)", exc, size, offset)
+            return -errno.EIO
+        except Exception:
+            log.exception("read %s (%d bytes at %d)", name, size, offset)
+            return -errno.EIO
+        if data:
+            ctypes.memmove(buf, data, len(data))
+        return len(data)
+
+    def readdir(self, path: bytes, buf: Any, filler: Any, offset: int, fip: Any) -> int:
+        # Entry k (0 = ".", 1 = "..") carries offset k + 1, the place to resume.
+        try:
+            node = self._tree.lookup(path.decode("utf-8", "surrogateescape"))
+            if not isinstance(node, Dir):
+                return -errno.ENOTDIR if node is not None else -errno.ENOENT
+            kinds = {mode: fusepy.c_stat(st_mode=mode) for mode in (FILE_MODE, DIR_MODE, LINK_MODE)}
+            pos = offset
+            while pos < 2:
+                pos += 1
+                if filler(buf, (b".", b"..")[pos - 1], kinds[DIR_MODE], pos):
+                    return 0
+            for name, mode in self._tree.entries(node, pos - 2):
+                pos += 1
+                if filler(buf, name.encode("utf-8", "surrogateescape"), kinds[mode], pos):
+                    break
+            return 0
+        except Exception:
+            log.exception("readdir %r offset %d", path, offset)
+            return -errno.EIO
+
+    # -- running -------------------------------------------------------------------
+
+    def serve(self, mountpoint: str, foreground_args: list[str], options: dict[str, Any]) -> None:
+        table = self.operations_table()
+        check_table(table)
+        log.info("served in C: %s", ", ".join(v.path for v in self._tree.registry.views) or "nothing")
+        args = ["mmfs", *foreground_args, "-o", ",".join(self._normalize_fuse_options(**options)),
+                mountpoint]
+        argv = (ctypes.c_char_p * len(args))(*[a.encode() for a in args])
+        # libfuse installs its SIGINT/SIGTERM handlers (which unmount) only over
+        # the default ones; Python's own SIGINT handler would keep it from that.
+        previous = signal.signal(signal.SIGINT, signal.SIG_DFL)
+        try:
+            err = fusepy._libfuse.fuse_main_real(len(args), argv, ctypes.pointer(table),
+                                                 ctypes.sizeof(table), None)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if err:
+            raise MountError(f"{mountpoint}: libfuse could not mount or serve it (code {err}; "
+                             "its own message says why): check the -o options")
+
+
+def native_address(name: str) -> int:
+    """The address of the C handler for table entry `name`."""
+    return int(ffi.cast("uintptr_t", ffi.addressof(lib, f"mmfs_fuse_{name}")))
+
+
+def check_table(table: Any, fusepy_version: str | None = None) -> None:
+    """Refuse (MountError, one line) unless `table` holds the C handlers where
+    libfuse 2 looks for them: the pinned fusepy, its layout, the addresses."""
+    version = fusepy_version or metadata.version("fusepy")
+    fix = f"reinstall it: pip install 'fusepy=={FUSEPY_VERSION}'"
+    if version != FUSEPY_VERSION:
+        raise MountError(f"fusepy {version} is installed, but mmfs's C handlers are built for "
+                         f"fusepy {FUSEPY_VERSION}'s operations table; {fix}")
+    if ctypes.sizeof(type(table)) < max(NATIVE_HANDLERS.values()) + 8:
+        raise MountError(f"fusepy's libfuse declarations do not match this platform; {fix}")
+    for name, offset in NATIVE_HANDLERS.items():
+        declared = getattr(type(table), name).offset
+        address = ctypes.cast(getattr(table, name), ctypes.c_void_p).value
+        if declared != offset or address != native_address(name):
+            raise MountError(f"the FUSE operations table does not hold mmfs's C handler for "
+                             f"{name} (at byte {declared}, expected {offset}); {fix}")
+
+
+def parse_options(text: str) -> dict[str, Any]:
+    """`-o a=b,c` -> {"a": "b", "c": True}."""
+    options: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        options[key] = value if sep else True
+    return options
+
+
+def take_map_limit(options: dict[str, Any]) -> int:
+    """Pop mmfs's `-o map_limit_mb=N` (MB of files the daemon keeps in memory)."""
+    value = options.pop("map_limit_mb", DEFAULT_MAP_LIMIT_MB)
+    try:
+        limit = int(value)
+    except (TypeError, ValueError):
+        limit = -1
+    if limit < 0:
+        raise MountError(f"-o map_limit_mb={value}: give a whole number of megabytes (0 or more)")
+    return limit
+
+
+def serve(tree: Tree, mountpoint: str, options: dict[str, Any] | None = None) -> None:
+    """Mount `tree` on `mountpoint` and answer requests until it is unmounted
+    (fusermount -u, SIGINT, SIGTERM). Runs in the calling process.
+
+    `options` are libfuse mount options on top of DEFAULT_OPTIONS, plus mmfs's
+    own `threads` (fusepy's multithreaded loop instead of the single thread,
+    which is faster here, see README.md) and `low_latency` (keep idle CPUs
+    polling while requests flow, see latency.py; off unless asked).
+    `map_limit_mb` acts when the corpus is opened (take_map_limit)."""
+    opts = dict(DEFAULT_OPTIONS)
+    opts.update(options or {})
+    own = {key: opts.pop(key) for key in MMFS_OPTIONS if key in opts}
+    if opts.get("rw"):
+        raise MountError("mmfs mounts are read-only; drop `-o rw`")
+    # The source column of `mount`/`df`: "mmfs:<config file name>".
+    name = os.path.basename(str(getattr(tree.corpus, "config_path", "") or "")) or "config"
+    opts.setdefault("fsname", "mmfs:" + "".join(c if c.isalnum() or c in "._-" else "_" for c in name))
+    placer = getattr(tree.corpus, "placer", None)
+    if placer is not None:
+        placer.load()  # in this process: copies of the small index arrays, no maps
+    threads = bool(own.get("threads"))
+    log.info("serving %s (%s loop)", mountpoint, "multithreaded" if threads else "single-thread")
+    guard = LatencyGuard(enabled=bool(own.get("low_latency")))
+    try:
+        Daemon(Operations(tree)).serve(mountpoint, ["-f"] + ([] if threads else ["-s"]), opts)
+    finally:
+        guard.close()

@@ -1,0 +1,301 @@
+"""The mount's directory tree, independent of FUSE.
+
+A `Tree` maps a path inside the mount to a node and a node to attributes,
+directory entries, bytes and extended attributes. It never raises for a bad
+path: `lookup` returns None (the adapter turns that into ENOENT).
+
+Layout (a contract, see README.md):
+
+    mmfs.json
+    train/samples/0000000.bin ...          one file per sample, training order
+    valid/samples/...  test/samples/...    each non-empty split
+    samples -> train/samples
+    datasets/<name>/documents/0000000.bin  a document's sequences concatenated
+    datasets/<name>/sequences/0000000.bin  one sequence
+    documents, sequences                   symlinks when there is exactly one dataset
+
+The directories of generated files are the registered views (mmfs/mount/views.py):
+their files are found, sized and read through the registry, by the same C
+code that serves them under FUSE. The tree adds the directories above them,
+mmfs.json and the symlinks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from mmfs.errors import MountError
+from mmfs.megatron.samplers import native_plan, plan_splits, rank_name_width
+from mmfs.mount.manifest import manifest
+from mmfs.mount.views import (
+    XATTR_DATASET,
+    XATTR_PIECES,
+    Registry,
+    View,
+    dataset_dir,
+    document_view,
+    microbatch_view,
+    name_width,
+    sample_view,
+    sequence_view,
+)
+from mmfs.native import lib
+
+__all__ = ["DIR_MODE", "FILE_MODE", "LINK_MODE", "XATTR_DATASET", "XATTR_PIECES", "Attr", "Blob",
+           "Dir", "Generated", "Link", "Tree", "name_width"]
+
+DIR_MODE = stat.S_IFDIR | 0o555
+FILE_MODE = stat.S_IFREG | 0o444
+LINK_MODE = stat.S_IFLNK | 0o777
+
+
+class Attr(NamedTuple):
+    mode: int
+    nlink: int
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Dir:
+    """A directory: fixed entries, or the generated files of a view."""
+
+    mtime_ns: int
+    entries: dict[str, Node] = field(default_factory=dict)
+    view: View | None = None
+
+    def __len__(self) -> int:
+        return self.view.count if self.view is not None else len(self.entries)
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A small file whose bytes are known at mount time (mmfs.json)."""
+
+    data: bytes
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Link:
+    target: str
+    mtime_ns: int
+
+
+class Generated(NamedTuple):
+    """File `index` of a view."""
+
+    view: View
+    index: int
+
+
+Node = Dir | Blob | Link | Generated
+
+
+def _mtime_ns(paths: list[str]) -> int:
+    times = []
+    for p in paths:
+        try:
+            times.append(os.stat(p).st_mtime_ns)
+        except (OSError, TypeError):
+            continue
+    return max(times, default=0)
+
+
+def _dataset_files(entry: Any) -> list[str]:
+    ds = entry.dataset
+    return [p for p in (getattr(ds, "idx_path", None), getattr(ds, "bin_path", None), entry.path) if p]
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.dtype):
+        return value.name
+    return str(value)
+
+
+def _check_name(name: str, what: str) -> None:
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise MountError(
+            f"{what} {name!r} cannot be a directory name in the mount; give the dataset a "
+            "`name:` without '/' in the config"
+        )
+
+
+def declare_views(corpus: Any, dataset_mtimes: dict[str, int], mtime_ns: int) -> list[View]:
+    """Every view of a corpus: each split's samples, each dataset's documents
+    and sequences."""
+    views = [sample_view(name, split, mtime_ns) for name, split in corpus.splits.items()]
+    views += rank_views(corpus, mtime_ns)
+    sources = {id(s.dataset): s for s in corpus.sources.values()}
+    for entry in corpus.datasets:
+        _check_name(entry.name, "dataset name")
+        source, m = sources[id(entry.dataset)], dataset_mtimes[entry.name]
+        views += [document_view(entry.name, source, m), sequence_view(entry.name, source, m)]
+    return views
+
+
+def rank_views(corpus: Any, mtime_ns: int) -> list[View]:
+    """With a `training:` block: every data-parallel rank's micro-batches of each
+    split that has at least one micro-batch per rank."""
+    training = corpus.config.training
+    if training is None:
+        return []
+    plans = plan_splits(training, {name: len(split) for name, split in corpus.splits.items()})
+    width = rank_name_width(training.data_parallel_size)
+    views = []
+    for name, plan in plans.items():
+        if plan.files_per_rank == 0:
+            continue
+        plan_c = native_plan(plan, corpus.placer)
+        views += [microbatch_view(name, corpus.splits[name], plan, plan_c, rank, width, mtime_ns)
+                  for rank in range(training.data_parallel_size)]
+    return views
+
+
+class Tree:
+    """The mount's tree over an opened corpus (see mmfs.megatron.open_corpus)."""
+
+    def __init__(self, corpus: Any) -> None:
+        self.corpus = corpus
+        ds_mtimes = {e.name: _mtime_ns(_dataset_files(e)) for e in corpus.datasets}
+        self.mtime_ns = t = max(ds_mtimes.values(), default=0)
+        self.registry = Registry(declare_views(corpus, ds_mtimes, t))
+        self.info = manifest(corpus)
+
+        # The directories above the views, made from the views' paths.
+        self.root = Dir(t)
+        self._dirs: dict[str, Dir] = {"": self.root}  # "" for the root, then "/train", ...
+        for view in self.registry.views:
+            parent = self.root
+            parts = view.path.strip("/").split("/")
+            for depth, part in enumerate(parts):
+                path = "/" + "/".join(parts[: depth + 1])
+                node = self._dirs.get(path)
+                if node is None:
+                    last = depth == len(parts) - 1
+                    node = Dir(view.mtime_ns if last or path.startswith("/datasets/") else t,
+                               view=view if last else None)
+                    self._dirs[path] = parent.entries[part] = node
+                parent = node
+        if "train" in corpus.splits:
+            self.root.entries["samples"] = Link("train/samples", t)
+        if len(corpus.datasets) == 1:
+            only = corpus.datasets[0].name
+            for kind in ("documents", "sequences"):
+                self.root.entries[kind] = Link(dataset_dir(only, kind).lstrip("/"), t)
+        self.root.entries["mmfs.json"] = Blob(
+            (json.dumps(self.info, indent=2, default=_json_default) + "\n").encode(), t
+        )
+        self._statfs = self._compute_statfs()  # now: nothing later may touch the files
+
+    # -- the views, by kind ----------------------------------------------------
+
+    @property
+    def splits(self) -> dict[str, View]:
+        """Split name -> its samples view."""
+        return {v.path.split("/")[1]: v for v in self.registry.views if v.reader == "split"}
+
+    @property
+    def dataset_views(self) -> dict[str, tuple[View, View]]:
+        """Dataset name -> (documents view, sequences view)."""
+        return {e.name: (self.registry.by_path[dataset_dir(e.name, "documents")],
+                         self.registry.by_path[dataset_dir(e.name, "sequences")])
+                for e in self.corpus.datasets}
+
+    # -- resolution -----------------------------------------------------------
+
+    def lookup(self, path: str) -> Node | None:
+        """The node at `path` ("/", "/train/samples/0000000.bin", ...), or None."""
+        if path == "/":
+            return self.root
+        d = self._dirs.get(path) if path else None
+        if d is not None:
+            return d
+        kind, view, i = self.registry.find(path)
+        if kind == lib.MMFS_PATH_FILE:
+            return Generated(view, i)
+        if kind != lib.MMFS_PATH_OTHER:
+            return None
+        parent, _, name = path.rpartition("/")
+        d = self._dirs.get(parent)
+        return d.entries.get(name) if d is not None and name else None
+
+    def attr(self, node: Node) -> Attr:
+        if isinstance(node, Generated):
+            return Attr(FILE_MODE, 1, self.registry.size(node.view, node.index), node.view.mtime_ns)
+        if isinstance(node, Dir):
+            subdirs = sum(isinstance(c, Dir) for c in node.entries.values())
+            return Attr(DIR_MODE, 2 + subdirs, 0, node.mtime_ns)
+        if isinstance(node, Blob):
+            return Attr(FILE_MODE, 1, len(node.data), node.mtime_ns)
+        return Attr(LINK_MODE, 1, len(node.target), node.mtime_ns)
+
+    def stat(self, path: str) -> Attr | None:
+        node = self.lookup(path)
+        return None if node is None else self.attr(node)
+
+    # -- contents -------------------------------------------------------------
+
+    def entries(self, d: Dir, start: int = 0) -> Iterator[tuple[str, int]]:
+        """(name, mode) of the entries of `d` from position `start` on
+        (without "." and ".."), generated lazily."""
+        if d.view is not None:
+            for name in d.view.names(start):
+                yield name, FILE_MODE
+            return
+        for name, child in list(d.entries.items())[max(start, 0):]:
+            yield name, self.attr(child).mode
+
+    def read(self, node: Node, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset + size) of a file node (short at the end)."""
+        if offset < 0 or size <= 0:
+            return b""
+        if isinstance(node, Generated):
+            return self.registry.read(node.view, node.index, offset, size)
+        if isinstance(node, Blob):
+            return node.data[offset : offset + size]
+        raise IsADirectoryError(str(node))
+
+    def readlink(self, node: Node) -> str | None:
+        return node.target if isinstance(node, Link) else None
+
+    def xattr_names(self, node: Node) -> tuple[str, ...]:
+        return node.view.xattr_names if isinstance(node, Generated) else ()
+
+    def xattr(self, node: Node, name: str) -> bytes | None:
+        if isinstance(node, Generated) and name in node.view.xattr_names and node.view.xattrs:
+            return node.view.xattrs(node.index).get(name)
+        return None
+
+    def statfs(self) -> dict[str, int]:
+        """Totals for `df`: every byte and file the mount presents."""
+        return self._statfs
+
+    def _compute_statfs(self) -> dict[str, int]:
+        views = self.registry.views
+        total = sum(v.total_bytes for v in views)
+        block = 4096
+        return {
+            "f_bsize": block,
+            "f_frsize": block,
+            "f_blocks": -(-total // block),
+            "f_bfree": 0,
+            "f_bavail": 0,
+            "f_files": sum(v.count for v in views),
+            "f_ffree": 0,
+            "f_favail": 0,
+            "f_namemax": 255,
+        }

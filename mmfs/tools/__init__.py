@@ -1,0 +1,1 @@
+"""Commands built on the layers below: build/sample, which, bench, demo, preprocess."""

@@ -1,0 +1,140 @@
+"""`mmfs preprocess`: JSONL to Megatron IndexedDatasets, as Megatron's
+tools/preprocess_data.py writes them (same flags, same bytes), with every check that
+can fail done in the parent before any worker starts."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+import numpy as np
+
+from mmfs.errors import PreprocessError
+from mmfs.formats.dtypes import optimal_dtype
+from mmfs.formats.writer import IndexedDatasetWriter
+from mmfs.tools.preprocess import pipeline
+from mmfs.tools.preprocess.source import open_input, read_chunks
+from mmfs.tools.preprocess.tokenizer import BYTE_LEVEL, Tokenizer, TokenizerSpec
+
+log = logging.getLogger("mmfs")
+
+
+class Progress:
+    """A progress bar (for an uncompressed input, whose size is known) with documents/s
+    and MB/s on stderr, redrawn in place when stderr is a terminal."""
+
+    def __init__(self, enabled: bool, total_bytes: int | None = None) -> None:
+        self.enabled = enabled
+        self.total = total_bytes
+        self.start = time.monotonic()
+        self.shown = 0.0
+        self.documents = self.skipped = self.nbytes = 0
+
+    def line(self) -> str:
+        secs = max(time.monotonic() - self.start, 1e-9)
+        skipped = f", {self.skipped:,} bad lines skipped" if self.skipped else ""
+        return (f"{self.documents:,} documents, {self.nbytes / 1e6:,.1f} MB in {secs:.1f} s "
+                f"({self.documents / secs:,.0f} documents/s, {self.nbytes / 1e6 / secs:.2f} MB/s{skipped})")
+
+    def __call__(self, result: pipeline.ChunkResult) -> None:
+        self.documents += result.documents
+        self.skipped += result.skipped
+        self.nbytes += result.nbytes
+        now = time.monotonic()
+        if self.enabled and now - self.shown >= 0.2:
+            self.shown = now
+            bar = ""
+            if self.total:
+                done = min(self.nbytes / self.total, 1.0)
+                bar = f"[{'#' * int(done * 20):20s}] {done:4.0%} "
+            print(f"\rmmfs: {bar}{self.line()}", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.shown:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+def _load_tokenizer(args: argparse.Namespace) -> tuple[TokenizerSpec, Tokenizer]:
+    if args.tokenizer_type == BYTE_LEVEL:
+        spec = TokenizerSpec(BYTE_LEVEL)
+    else:
+        if not args.tokenizer_model:
+            raise PreprocessError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model "
+                                  "(a tokenizer folder or tokenizer.json)")
+        spec = TokenizerSpec(args.tokenizer_type, os.path.abspath(args.tokenizer_model))
+    return spec, spec.load()
+
+
+def _check_output(prefix: str) -> None:
+    folder = os.path.dirname(prefix) or "."
+    if not os.path.isdir(folder):
+        raise PreprocessError(f"{folder}: the output folder does not exist; create it (mkdir -p {folder}) "
+                              "or fix --output-prefix")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PreprocessError(f"{folder}: the output folder is not writable; fix --output-prefix")
+    if not os.path.basename(prefix):
+        raise PreprocessError(f"{prefix}: --output-prefix needs a file name prefix after the folder")
+
+
+def output_paths(prefix: str, key: str) -> tuple[str, str]:
+    """Megatron's names: PREFIX_<key>_document.bin and .idx."""
+    base = f"{prefix}_{key}_document"
+    return base + ".bin", base + ".idx"
+
+
+def preprocess_command(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise PreprocessError(f"--workers {args.workers}: give 1 or more")
+    if len(set(args.json_keys)) != len(args.json_keys):
+        raise PreprocessError(f"--json-keys {' '.join(args.json_keys)}: a key is given twice")
+    _check_output(args.output_prefix)
+    spec, tokenizer = _load_tokenizer(args)
+    if args.append_eod and tokenizer.eod is None:
+        raise PreprocessError(f"{args.tokenizer_model}: the tokenizer has no eos (or sep) token for "
+                              "--append-eod; set eos_token in tokenizer_config.json or drop --append-eod")
+    dtype = optimal_dtype(tokenizer.vocab_size)
+    if tokenizer.max_id > np.iinfo(dtype).max:
+        raise PreprocessError(f"{args.tokenizer_model}: token id {tokenizer.max_id} does not fit {dtype.name}, "
+                              f"the dtype Megatron picks for a vocabulary of {tokenizer.vocab_size}; "
+                              "the tokenizer's ids have gaps, renumber them")
+    stream = open_input(args.input)
+    job = pipeline.Job(spec, tuple(args.json_keys), args.append_eod, dtype.name, args.skip_bad_lines,
+                       args.input)
+    finals = {key: output_paths(args.output_prefix, key) for key in args.json_keys}
+    # Temporary names until the end: an interrupted run leaves nothing that looks finished.
+    temps = {key: tuple(f"{p}.tmp-{os.getpid()}" for p in paths) for key, paths in finals.items()}
+    writers: dict[str, IndexedDatasetWriter] = {}
+    compressed = args.input.endswith((".gz", ".zst"))
+    progress = Progress(enabled=sys.stderr.isatty() and log.isEnabledFor(logging.INFO),
+                        total_bytes=None if compressed else os.path.getsize(args.input))
+    try:
+        for key, (bin_tmp, _) in temps.items():
+            writers[key] = IndexedDatasetWriter(bin_tmp, dtype=dtype)
+        with stream:
+            pipeline.run(job, read_chunks(args.input, stream), writers, args.workers, progress)
+        for key, (_, idx_tmp) in temps.items():
+            writers[key].finalize(idx_tmp)
+        # .bin first, .idx last: an .idx beside a .bin means the pair is complete.
+        for kind in (0, 1):
+            for key in finals:
+                os.replace(temps[key][kind], finals[key][kind])
+    except OSError as exc:
+        raise PreprocessError(f"{exc.filename or args.output_prefix}: cannot write the output "
+                              f"({exc.strerror or exc})") from None
+    finally:
+        progress.close()
+        for writer in writers.values():
+            writer.close()
+        for paths in temps.values():
+            for path in paths:
+                if os.path.exists(path):
+                    os.remove(path)
+    if progress.skipped:
+        log.warning("%s: skipped %d bad lines (--skip-bad-lines)", args.input, progress.skipped)
+    log.info("%s (%s, vocabulary %d, %s)", progress.line(), tokenizer.name, tokenizer.vocab_size, dtype.name)
+    for bin_path, idx_path in finals.values():
+        log.info("wrote %s and %s", bin_path, idx_path)
+    return 0

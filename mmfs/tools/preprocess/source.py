@@ -1,0 +1,92 @@
+"""The JSONL input, read as chunks of raw lines (plain, .gz or .zst), in bounded memory.
+
+Lines are split as Megatron's tool sees them: it iterates a text-mode file, so
+"\\n", "\\r\\n" and a lone "\\r" each end a line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from mmfs.errors import PreprocessError
+
+# Input bytes per chunk a worker gets: small keeps workers' memory low, big keeps
+# the hand-offs few.
+CHUNK_BYTES = 1 << 17
+CHUNK_LINES = 4096
+
+
+@dataclass
+class Chunk:
+    """Consecutive input lines; first_line is the 1-based number of lines[0]."""
+
+    first_line: int
+    lines: list[bytes]
+    nbytes: int
+
+
+def _open_zstd(path: str) -> io.BufferedIOBase:
+    try:
+        from compression import zstd  # Python >= 3.14
+        return zstd.open(path, "rb")
+    except ImportError:
+        pass
+    try:
+        import zstandard
+    except ImportError:
+        raise PreprocessError(f"{path}: reading .zst needs the `zstandard` package "
+                              "(pip install zstandard) or Python >= 3.14") from None
+    raw = open(path, "rb")  # noqa: SIM115 - closed with the reader
+    # read_across_frames: files of several frames (parallel or appended writes) are read whole.
+    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True))
+
+
+def open_input(path: str) -> io.BufferedIOBase:
+    """Open the input for binary reading, decompressing by extension; one-line errors."""
+    if os.path.isdir(path):
+        raise PreprocessError(f"{path}: is a directory; --input takes a .jsonl (.gz, .zst) file")
+    try:
+        if path.endswith((".gz", ".zst")):
+            f = gzip.open(path, "rb") if path.endswith(".gz") else _open_zstd(path)
+            f.peek(1)  # a file that does not decompress fails here, with its name
+            return f
+        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+    except PreprocessError:
+        raise
+    except Exception as exc:  # OSError, EOFError, or a decompressor's own error class
+        raise PreprocessError(f"{path}: cannot read the input ({getattr(exc, 'strerror', None) or exc}); "
+                              "check the path, its permissions and that the file is whole") from None
+
+
+def _split_cr(line: bytes) -> list[bytes]:
+    """A binary line holding "\\r" as a text-mode reader splits it."""
+    parts = line.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+    out = [p + b"\n" for p in parts[:-1]]
+    if parts[-1]:
+        out.append(parts[-1])
+    return out
+
+
+def read_chunks(path: str, stream: io.BufferedIOBase) -> Iterator[Chunk]:
+    """Yield the input's lines in chunks of about CHUNK_BYTES."""
+    line_no = 1
+    lines: list[bytes] = []
+    nbytes = 0
+    try:
+        for raw in stream:
+            for line in _split_cr(raw) if b"\r" in raw else (raw,):
+                lines.append(line)
+                nbytes += len(line)
+                if nbytes >= CHUNK_BYTES or len(lines) >= CHUNK_LINES:
+                    yield Chunk(line_no, lines, nbytes)
+                    line_no += len(lines)
+                    lines, nbytes = [], 0
+    except Exception as exc:  # OSError, EOFError, or a decompressor's own error class
+        raise PreprocessError(f"{path}: cannot read the input after line {line_no + len(lines) - 1} "
+                              f"({exc}); is the file truncated or corrupt?") from None
+    if lines:
+        yield Chunk(line_no, lines, nbytes)

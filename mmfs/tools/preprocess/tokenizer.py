@@ -1,0 +1,155 @@
+"""Tokenizers for `mmfs preprocess`: Hugging Face's (through the `tokenizers`
+package, as megatron-core's HuggingFaceTokenizer sees it) and a built-in byte-level one.
+
+Both turn a batch of texts into one flat token array plus one length per text, so a
+worker converts a whole chunk of documents without a Python loop per token.
+
+megatron-core's HuggingFaceTokenizer (through transformers' AutoTokenizer) does, and
+so does this module:
+  - ids are `tokenizer(text).input_ids`: the tokenizer.json pipeline with its
+    post-processor (special tokens such as a BOS), no truncation, no padding;
+  - special tokens named in tokenizer_config.json (bos, eos, unk, sep, pad, cls, mask,
+    then extra_special_tokens or additional_special_tokens) become special (matched whole in the text); those the
+    vocabulary lacks are added, in that order;
+  - eod is the eos token's id (the sep token's when there is no eos token);
+  - vocab_size is the vocabulary with the added tokens, `len(tokenizer)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+
+from mmfs.errors import PreprocessError
+
+BYTE_LEVEL = "ByteLevel"
+HUGGING_FACE = "HuggingFaceTokenizer"
+TOKENIZER_TYPES = (HUGGING_FACE, BYTE_LEVEL)
+
+# The byte-level tokenizer of `make demo` (mmfs/tools/demo.py): token = UTF-8 byte, EOD = 256.
+BYTE_EOD = 256
+
+# transformers' order of the named special tokens (SPECIAL_TOKENS_ATTRIBUTES).
+_SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """What a worker needs to load the tokenizer itself (small and picklable)."""
+
+    kind: str
+    path: str | None = None
+
+    def load(self) -> Tokenizer:
+        if self.kind == BYTE_LEVEL:
+            return ByteLevelTokenizer()
+        return HuggingFaceTokenizer(self.path or "")
+
+
+class Tokenizer:
+    """The interface the pipeline uses."""
+
+    name: str
+    vocab_size: int
+    eod: int | None
+    max_id: int
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(all ids back to back as int64, the number of ids of each text)."""
+        raise NotImplementedError
+
+
+class ByteLevelTokenizer(Tokenizer):
+    """Token = byte of the text's UTF-8 encoding; EOD = 256; vocabulary 257."""
+
+    name = "byte-level"
+    vocab_size = BYTE_EOD + 1
+    eod = BYTE_EOD
+    max_id = BYTE_EOD
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        data = [t.encode("utf-8") for t in texts]
+        lengths = np.fromiter(map(len, data), dtype=np.int64, count=len(data))
+        return np.frombuffer(b"".join(data), dtype=np.uint8).astype(np.int64), lengths
+
+
+def _special_token(value, added_token_class):
+    """A special token as tokenizer_config.json writes it (a string, or a dict with its
+    "content") as a special AddedToken; None if there is none. The dict's lstrip/rstrip
+    flags are not applied: transformers 5 does not apply them either."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return added_token_class(value, special=True, normalized=False) if isinstance(value, str) else None
+
+
+def _locate(path: str) -> tuple[str, str | None]:
+    """(tokenizer.json, tokenizer_config.json or None) for a folder or a tokenizer.json."""
+    if os.path.isdir(path):
+        folder, file = path, os.path.join(path, "tokenizer.json")
+    else:
+        folder, file = os.path.dirname(path) or ".", path
+    if not os.path.isfile(file):
+        raise PreprocessError(
+            f"{path}: no tokenizer.json there; --tokenizer-model takes a Hugging Face tokenizer "
+            "folder (with tokenizer.json) or a tokenizer.json file")
+    config = os.path.join(folder, "tokenizer_config.json")
+    return file, config if os.path.isfile(config) else None
+
+
+def _read_config(path: str | None) -> dict:
+    if path is None:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PreprocessError(f"{path}: cannot read the tokenizer config ({exc}); fix or remove it") from None
+    if not isinstance(config, dict):
+        raise PreprocessError(f"{path}: not a JSON object; fix or remove it")
+    return config
+
+
+class HuggingFaceTokenizer(Tokenizer):
+    """A Hugging Face tokenizer folder or tokenizer.json, read with `tokenizers`."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            from tokenizers import AddedToken
+            from tokenizers import Tokenizer as RustTokenizer
+        except ImportError:
+            raise PreprocessError(
+                "HuggingFaceTokenizer needs the `tokenizers` package: pip install 'mmfs[preprocess]' "
+                "(or use --tokenizer-type ByteLevel)") from None
+        file, config_path = _locate(path)
+        config = _read_config(config_path)
+        try:
+            tok = RustTokenizer.from_file(file)
+        except Exception as exc:  # the Rust loader raises plain Exception
+            raise PreprocessError(f"{file}: cannot load the tokenizer ({str(exc).splitlines()[0]})") from None
+        # transformers encodes with no truncation and no padding, whatever tokenizer.json says.
+        tok.no_truncation()
+        tok.no_padding()
+        specials = {name: _special_token(config.get(name), AddedToken) for name in _SPECIAL_NAMES}
+        extra = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
+        extra = list(extra) if isinstance(extra, (list, dict)) else []  # a dict: its keys (transformers 5)
+        wanted = [specials[name] for name in _SPECIAL_NAMES] + [_special_token(t, AddedToken) for t in extra]
+        # Added as special even when in the vocabulary: transformers then matches them
+        # whole in the text; only the missing ones grow the vocabulary.
+        tok.add_special_tokens([t for t in wanted if t is not None])
+        eos = specials["eos_token"] if specials["eos_token"] is not None else specials["sep_token"]
+        self._tok = tok
+        self.name = path
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self.eod = tok.token_to_id(eos.content) if eos is not None else None
+        self.max_id = max(tok.get_vocab(with_added_tokens=True).values(), default=0)
+        self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids = [e.ids for e in self._encode(texts, add_special_tokens=True)]
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        return tokens, lengths

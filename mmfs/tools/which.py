@@ -1,0 +1,195 @@
+"""`mmfs which`: which samples each data-parallel rank read at a training iteration,
+and where every token of them came from (dataset, sequence, document, token range).
+
+Iterations are numbered as Megatron logs them: iteration I (1-based) is the step
+that consumed samples [(I-1) * global_batch_size, I * global_batch_size) of the
+split's stream, i.e. micro-batches (I-1) * M .. I * M - 1 of every rank, where
+M = global_batch_size / (micro_batch_size * data_parallel_size). The stream is the
+one of an uninterrupted run from consumed_samples 0 (samplers.stream_microbatch),
+so it runs on into later epochs of a cyclic sampler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from mmfs.errors import ConfigError, MmfsError
+from mmfs.megatron import open_corpus
+from mmfs.megatron.samplers import plan_ranks, rank_name_width, stream_microbatch
+from mmfs.mount.tree import name_width
+
+
+class WhichError(MmfsError):
+    """`mmfs which` was asked about something the run never reads."""
+
+
+def resolve_config(target: str) -> str:
+    """The config behind a CONFIG or a MOUNT (its mmfs.json names the config)."""
+    if os.path.isdir(target):
+        info_path = os.path.join(target, "mmfs.json")
+        try:
+            with open(info_path, encoding="utf-8") as f:
+                config_path = json.load(f).get("config_path")
+        except (OSError, ValueError) as exc:
+            raise WhichError(f"{target}: not an mmfs mount or a config ({info_path}: {exc})") from None
+        if not config_path:
+            raise WhichError(f"{info_path}: has no config_path; give the YAML config instead")
+        if not os.path.isfile(config_path):
+            raise WhichError(f"{info_path}: its config_path {config_path} is not a file from here "
+                             "(mounted from another folder?); give the YAML config instead")
+        return config_path
+    return target
+
+
+def _document_of(dataset: Any, sequence: int) -> int:
+    return int(np.searchsorted(dataset.document_indices, sequence, side="right")) - 1
+
+
+def which(target: str, iteration: int, split: str = "train", rank: int | None = None,
+          microbatch: int | None = None, decode=None) -> dict[str, Any]:
+    """What `mmfs which` prints, as a dict. decode(tokens) -> str adds each piece's text."""
+    config_path = resolve_config(target)
+    corpus = open_corpus(config_path, progress=False)
+    t = corpus.config.training
+    if t is None:
+        raise ConfigError(f"{config_path}: training: missing: mmfs which needs the block "
+                          "(data_parallel_size, micro_batch_size, global_batch_size)")
+    if t.global_batch_size is None:
+        raise ConfigError(f"{config_path}: training.global_batch_size: missing: an iteration reads one global "
+                          "batch, so mmfs which needs its size")
+    if split not in corpus.splits:
+        raise WhichError(f"{config_path}: the {split} split has no samples (splits: {', '.join(corpus.splits)})")
+    if iteration < 1:
+        raise WhichError(f"--iteration {iteration}: iterations count from 1, as Megatron logs them")
+    mbs, dp = t.micro_batch_size, t.data_parallel_size
+    per_iteration = t.global_batch_size // (mbs * dp)
+    ranks = range(dp) if rank is None else [rank]
+    if rank is not None and not 0 <= rank < dp:
+        raise WhichError(f"--rank {rank}: data_parallel_size is {dp}")
+    micro = range(per_iteration) if microbatch is None else [microbatch]
+    if microbatch is not None and not 0 <= microbatch < per_iteration:
+        raise WhichError(f"--microbatch {microbatch}: an iteration has {per_iteration} micro-batches per rank")
+    reader = corpus.splits[split]
+    plan = plan_ranks(len(reader), mbs, dp, t.dataloader_type, t.data_sharding)
+    datasets = {d.name: d.dataset for d in corpus.datasets}
+    out: dict[str, Any] = {
+        "config": config_path, "split": split, "iteration": iteration,
+        "consumed_samples": [(iteration - 1) * t.global_batch_size, iteration * t.global_batch_size],
+        "sampler": plan.kind, "data_parallel_size": dp, "micro_batch_size": mbs,
+        "microbatches_per_iteration": per_iteration, "ranks": [],
+    }
+    for r in ranks:
+        batches = []
+        for k in micro:
+            n = (iteration - 1) * per_iteration + k
+            found = stream_microbatch(plan, r, n) if plan.files_per_rank else None
+            if found is None:
+                raise WhichError(
+                    f"{split}: iteration {iteration} is past the end of the {split} split for the {plan.kind} "
+                    f"sampler ({plan.files_per_rank} micro-batches per rank, "
+                    f"{plan.files_per_rank // per_iteration} iterations); Megatron's iterator has ended there"
+                )
+            ids, epoch = found
+            batches.append({
+                "microbatch": k, "stream_index": n, "epoch": epoch,
+                "file": f"{split}/ranks/{r:0{rank_name_width(dp)}d}/{n:0{name_width(plan.files_per_rank)}d}.bin"
+                if n < plan.files_per_rank else None,
+                "samples": [_sample(reader, datasets, int(i), decode) for i in ids],
+            })
+        out["ranks"].append({"rank": r, "microbatches": batches})
+    return out
+
+
+def _sample(reader, datasets: dict, i: int, decode) -> dict[str, Any]:
+    name, pieces = reader.provenance(i)
+    dataset = datasets[name]
+    start = 0
+    rows = []
+    for seq, offset, length in pieces:
+        row = {"sample_tokens": [start, start + length], "sequence": seq, "sequence_tokens": [offset, offset + length],
+               "document": _document_of(dataset, seq)}
+        if decode is not None:
+            row["text"] = decode(dataset.get(seq, offset, length))
+        rows.append(row)
+        start += length
+    return {"sample": i, "dataset": name, "pieces": rows}
+
+
+# -- decoding --------------------------------------------------------------------------
+
+
+def make_decoder(tokenizer_json: str | None, vocab_size: int | None, eod: int | None):
+    """tokens -> text: a Hugging Face tokenizer.json, or byte-level (token = byte)."""
+    if tokenizer_json:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise MmfsError("--tokenizer needs the `tokenizers` package: pip install 'mmfs[text]'") from None
+        try:
+            tok = Tokenizer.from_file(tokenizer_json)
+        except Exception as exc:  # the library raises its own exception types
+            raise MmfsError(f"{tokenizer_json}: not a usable tokenizer.json: {exc}") from None
+        return lambda tokens: tok.decode([int(x) for x in tokens], skip_special_tokens=False)
+    if vocab_size is None or vocab_size > 257:
+        raise MmfsError("--text: give --tokenizer tokenizer.json (byte-level decoding is only for "
+                        "vocabularies of at most 257 tokens, like the demo corpus)")
+
+    def byte_level(tokens) -> str:
+        parts, run = [], []
+        for t in np.asarray(tokens).tolist():
+            if t < 256:
+                run.append(t)
+                continue
+            parts.append(bytes(run).decode("utf-8", errors="replace"))
+            run = []
+            parts.append("<|eod|>" if t == eod else f"<|{t}|>")
+        parts.append(bytes(run).decode("utf-8", errors="replace"))
+        return "".join(parts)
+
+    return byte_level
+
+
+# -- the command -----------------------------------------------------------------------
+
+
+def _print_text(result: dict[str, Any]) -> None:
+    lo, hi = result["consumed_samples"]
+    print(f"{result['config']}: {result['split']} iteration {result['iteration']} "
+          f"(consumed_samples {lo}..{hi}), {result['sampler']} sampler, data_parallel_size "
+          f"{result['data_parallel_size']}, micro_batch_size {result['micro_batch_size']}, "
+          f"{result['microbatches_per_iteration']} micro-batch(es) per rank")
+    for r in result["ranks"]:
+        for b in r["microbatches"]:
+            where = f", epoch {b['epoch']}" if b["epoch"] else ""
+            file = f", file {b['file']}" if b["file"] else ""
+            print(f"rank {r['rank']} micro-batch {b['microbatch']} (the rank's micro-batch "
+                  f"{b['stream_index']}{where}{file}):")
+            for s in b["samples"]:
+                print(f"  sample {s['sample']}  dataset {s['dataset']}")
+                for p in s["pieces"]:
+                    a, z = p["sample_tokens"]
+                    so, sz = p["sequence_tokens"]
+                    print(f"    tokens {a}..{z}  sequence {p['sequence']} tokens {so}..{sz}  document {p['document']}")
+                    if "text" in p:
+                        print("      " + json.dumps(p["text"], ensure_ascii=False))
+
+
+def which_command(args) -> int:
+    decode = None
+    if args.text:
+        config = resolve_config(args.target)
+        from mmfs.config.schema import load_config
+
+        cfg = load_config(config)
+        vocab = cfg.tokenizer_identifiers.get("vocab_size")
+        decode = make_decoder(args.tokenizer, None if vocab is None else int(vocab), cfg.eod)
+    result = which(args.target, args.iteration, args.split, args.rank, args.microbatch, decode)
+    if args.json:
+        print(json.dumps(result, indent=1, ensure_ascii=False))
+    else:
+        _print_text(result)
+    return 0
