@@ -12,6 +12,9 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse libfuse2 >/dev/null; }
 	@ldconfig -p | grep -q 'libfuse.so.2' || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfuse2 >/dev/null; }
+	@command -v getfattr >/dev/null 2>&1 || { \
+	  echo "installing the Debian attr package (getfattr, used in the docs' examples)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq attr >/dev/null; }
 
 $(STAMP): pyproject.toml setup.py native/*.c native/*.h native/*.py
 	$(PYTHON) -m venv $(VENV)
