@@ -42,6 +42,15 @@ def add_verbosity(parser: argparse.ArgumentParser, default) -> None:
     group.add_argument("-q", "--quiet", action="store_true", default=default, help="log only errors")
 
 
+def add_which_position(p: argparse.ArgumentParser) -> None:
+    """`mmfs which`: the global batch asked about, by iteration or by consumed_samples."""
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--iteration", type=int, help="Megatron's iteration number (from 1; follows the "
+                                                     "training: block's batch-size schedule)")
+    group.add_argument("--consumed", type=int, metavar="C",
+                       help="the global batch that starts at consumed_samples C (as a checkpoint holds it)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmfs", description="Megatron-LM training samples as a read-only file system."
@@ -96,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("which", parents=[common],
                        help="which samples (and documents, tokens) each rank read at a training iteration")
     p.add_argument("target", help="a YAML config with a training: block, or an mmfs mount")
-    p.add_argument("--iteration", type=int, required=True, help="Megatron's iteration number (from 1)")
+    add_which_position(p)
     p.add_argument("--rank", type=int, help="one data-parallel rank (default: every rank)")
     p.add_argument("--split", default="train", choices=SPLITS)
     p.add_argument("--microbatch", type=int, help="one micro-batch of the iteration (default: all)")

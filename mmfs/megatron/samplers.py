@@ -384,6 +384,8 @@ def describe_training(training_cfg: Any, split_lengths: dict[str, int], bytes_pe
         ranks_path={split: ranks_dir(split).lstrip("/") for split, f in files.items() if f > 0},
         bytes_per_microbatch=mbs * int(bytes_per_sample),
     )
-    if training_cfg.global_batch_size is not None:
+    if training_cfg.global_batch_size is not None and training_cfg.rampup_batch_size is None:
         out["microbatches_per_iteration"] = training_cfg.global_batch_size // (mbs * dp)
+    if training_cfg.schedule is not None:  # iteration -> consumed_samples
+        out["batch_schedule"] = training_cfg.schedule.describe()
     return out

@@ -1,13 +1,14 @@
-"""`mmfs which`: which samples each data-parallel rank read at a training iteration,
-and where every token of them came from (dataset, sequence, document, token range).
+"""`mmfs which`: which samples each data-parallel rank read at a training iteration
+(or in the global batch starting at a consumed_samples value), and where every token
+of them came from (dataset, sequence, document, token range).
 
-Iterations are numbered as Megatron logs them: iteration I (1-based) is the step
-that consumed samples [(I-1) * global_batch_size, I * global_batch_size) of the
-split's stream, i.e. micro-batches (I-1) * M .. I * M - 1 of every rank, where
-M = global_batch_size / (micro_batch_size * data_parallel_size). The stream is the
-one of an uninterrupted run from consumed_samples 0 (samplers.stream_microbatch),
-so it runs on into later epochs of a cyclic sampler.
-"""
+Iterations are numbered as Megatron logs them: iteration I (1-based) reads the
+global batch [c, c + B) of the split's stream, where c and B follow the training:
+block's batch-size schedule (constant: c = (I-1) * global_batch_size); that is
+micro-batches c / (micro_batch_size * data_parallel_size) onwards of every rank,
+B / (micro_batch_size * data_parallel_size) of them. The stream is the one of an
+uninterrupted run from consumed_samples 0 (samplers.stream_microbatch), so it runs
+on into later epochs of a cyclic sampler."""
 
 from __future__ import annotations
 
@@ -49,24 +50,24 @@ def _document_of(dataset: Any, sequence: int) -> int:
     return int(np.searchsorted(dataset.document_indices, sequence, side="right")) - 1
 
 
-def which(target: str, iteration: int, split: str = "train", rank: int | None = None,
-          microbatch: int | None = None, decode=None) -> dict[str, Any]:
-    """What `mmfs which` prints, as a dict. decode(tokens) -> str adds each piece's text."""
+def which(target: str, iteration: int | None, split: str = "train", rank: int | None = None,
+          microbatch: int | None = None, decode=None, consumed: int | None = None) -> dict[str, Any]:
+    """What `mmfs which` prints, as a dict. decode(tokens) -> str adds each piece's text.
+    Give the iteration, or the consumed_samples at which a global batch starts."""
     config_path = resolve_config(target)
     corpus = open_corpus(config_path, progress=False)
     t = corpus.config.training
     if t is None:
         raise ConfigError(f"{config_path}: training: missing: mmfs which needs the block "
                           "(data_parallel_size, micro_batch_size, global_batch_size)")
-    if t.global_batch_size is None:
+    if t.schedule is None:
         raise ConfigError(f"{config_path}: training.global_batch_size: missing: an iteration reads one global "
-                          "batch, so mmfs which needs its size")
+                          "batch, so mmfs which needs its size (or a step_batch_size_schedule)")
     if split not in corpus.splits:
         raise WhichError(f"{config_path}: the {split} split has no samples (splits: {', '.join(corpus.splits)})")
-    if iteration < 1:
-        raise WhichError(f"--iteration {iteration}: iterations count from 1, as Megatron logs them")
     mbs, dp = t.micro_batch_size, t.data_parallel_size
-    per_iteration = t.global_batch_size // (mbs * dp)
+    start, batch_size, iteration = _global_batch(t.schedule, iteration, consumed, mbs * dp)
+    per_iteration = batch_size // (mbs * dp)
     ranks = range(dp) if rank is None else [rank]
     if rank is not None and not 0 <= rank < dp:
         raise WhichError(f"--rank {rank}: data_parallel_size is {dp}")
@@ -78,20 +79,20 @@ def which(target: str, iteration: int, split: str = "train", rank: int | None = 
     datasets = {d.name: d.dataset for d in corpus.datasets}
     out: dict[str, Any] = {
         "config": config_path, "split": split, "iteration": iteration,
-        "consumed_samples": [(iteration - 1) * t.global_batch_size, iteration * t.global_batch_size],
+        "consumed_samples": [start, start + batch_size], "global_batch_size": batch_size,
         "sampler": plan.kind, "data_parallel_size": dp, "micro_batch_size": mbs,
         "microbatches_per_iteration": per_iteration, "ranks": [],
     }
     for r in ranks:
         batches = []
         for k in micro:
-            n = (iteration - 1) * per_iteration + k
+            n = start // (mbs * dp) + k
             found = stream_microbatch(plan, r, n) if plan.files_per_rank else None
             if found is None:
                 raise WhichError(
-                    f"{split}: iteration {iteration} is past the end of the {split} split for the {plan.kind} "
-                    f"sampler ({plan.files_per_rank} micro-batches per rank, "
-                    f"{plan.files_per_rank // per_iteration} iterations); Megatron's iterator has ended there"
+                    f"{split}: consumed_samples {start} is past the end of the {split} split for the {plan.kind} "
+                    f"sampler ({plan.files_per_rank} micro-batches per rank of {mbs * dp} samples in all); "
+                    "Megatron's iterator has ended there"
                 )
             ids, epoch = found
             batches.append({
@@ -102,6 +103,23 @@ def which(target: str, iteration: int, split: str = "train", rank: int | None = 
             })
         out["ranks"].append({"rank": r, "microbatches": batches})
     return out
+
+
+def _global_batch(schedule, iteration: int | None, consumed: int | None,
+                  step: int) -> tuple[int, int, int | None]:
+    """(consumed_samples where the batch starts, its size, its iteration or None when
+    `consumed` is not where an iteration of the schedule starts)."""
+    if (iteration is None) == (consumed is None):
+        raise WhichError("give --iteration or --consumed (one of them)")
+    if consumed is None:
+        if iteration < 1:
+            raise WhichError(f"--iteration {iteration}: iterations count from 1, as Megatron logs them")
+        return schedule.consumed_before(iteration), schedule.batch_size(iteration), iteration
+    if consumed < 0 or consumed % step:
+        raise WhichError(f"--consumed {consumed}: a global batch starts at a multiple of micro_batch_size x "
+                         f"data_parallel_size = {step} on this layout")
+    at, offset = schedule.iteration_at(consumed)
+    return consumed, schedule.batch_size_at(consumed), at if offset == 0 else None
 
 
 def _sample(reader, datasets: dict, i: int, decode) -> dict[str, Any]:
@@ -158,8 +176,10 @@ def make_decoder(tokenizer_json: str | None, vocab_size: int | None, eod: int | 
 
 def _print_text(result: dict[str, Any]) -> None:
     lo, hi = result["consumed_samples"]
-    print(f"{result['config']}: {result['split']} iteration {result['iteration']} "
-          f"(consumed_samples {lo}..{hi}), {result['sampler']} sampler, data_parallel_size "
+    iteration = "(no iteration of the schedule starts there)" if result["iteration"] is None \
+        else f"iteration {result['iteration']}"
+    print(f"{result['config']}: {result['split']} {iteration} "
+          f"(consumed_samples {lo}..{hi}, global batch {hi - lo}), {result['sampler']} sampler, data_parallel_size "
           f"{result['data_parallel_size']}, micro_batch_size {result['micro_batch_size']}, "
           f"{result['microbatches_per_iteration']} micro-batch(es) per rank")
     for r in result["ranks"]:
@@ -187,7 +207,8 @@ def which_command(args) -> int:
         cfg = load_config(config)
         vocab = cfg.tokenizer_identifiers.get("vocab_size")
         decode = make_decoder(args.tokenizer, None if vocab is None else int(vocab), cfg.eod)
-    result = which(args.target, args.iteration, args.split, args.rank, args.microbatch, decode)
+    result = which(args.target, args.iteration, args.split, args.rank, args.microbatch, decode,
+                   consumed=args.consumed)
     if args.json:
         print(json.dumps(result, indent=1, ensure_ascii=False))
     else:
