@@ -16,7 +16,7 @@ system-deps:
 	  echo "installing the Debian attr package (getfattr, used in the docs' examples)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq attr >/dev/null; }
 
-$(STAMP): pyproject.toml setup.py native/*.c native/*.h native/*.py
+$(STAMP): pyproject.toml setup.py native/*.c native/*.h native/*.py mmfs/mount/contract.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'

@@ -38,9 +38,7 @@ from typing import Any
 import numpy as np
 
 from mmfs.errors import MmfsError
-
-XATTR_PIECES = "user.mmfs.pieces"
-XATTR_SAMPLES = "user.mmfs.samples"
+from mmfs.mount import contract
 
 
 class LoaderError(MmfsError):
@@ -62,7 +60,7 @@ class Mount:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
-        info_path = os.path.join(self.path, "mmfs.json")
+        info_path = os.path.join(self.path, contract.MANIFEST)
         try:
             with open(info_path, encoding="utf-8") as f:
                 self.info: dict[str, Any] = json.load(f)
@@ -71,28 +69,28 @@ class Mount:
         except (OSError, ValueError) as exc:
             raise LoaderError(f"{info_path}: cannot read it: {exc}") from None
         info = self.info
-        self.dtype = np.dtype(info["dtype"]).newbyteorder("<")
-        self.sequence_length = int(info["sequence_length"])
-        self.tokens_per_sample = int(info["tokens_per_sample"])
-        self.add_extra_token = self.tokens_per_sample == self.sequence_length + 1
-        self.eod = info.get("eod_id")
-        self.pad = int(info["pad_id"])
+        self.dtype = np.dtype(info[contract.KEY_DTYPE]).newbyteorder("<")
+        self.sequence_length = int(info[contract.KEY_SEQUENCE_LENGTH])
+        self.tokens_per_sample = int(info[contract.KEY_TOKENS_PER_SAMPLE])
+        self.add_extra_token = bool(info[contract.KEY_ADD_EXTRA_TOKEN])
+        self.eod = info.get(contract.KEY_EOD)
+        self.pad = int(info[contract.KEY_PAD])
         self.pad_in_dtype = int(np.array(self.pad).astype(self.dtype))
-        self.samples: dict[str, int] = {k: int(v) for k, v in info["samples"].items()}
-        self.training: dict[str, Any] | None = info.get("training")
+        self.samples: dict[str, int] = {k: int(v) for k, v in info[contract.KEY_SAMPLES].items()}
+        self.training: dict[str, Any] | None = info.get(contract.KEY_TRAINING)
 
     # -- samples ----------------------------------------------------------------
 
     def _split(self, split: str) -> dict[str, Any]:
         if split not in self.samples:
             raise LoaderError(f"{self.path}: no split {split!r} (the mount has {', '.join(self.samples)})")
-        return self.info["splits"][split]
+        return self.info[contract.KEY_SPLITS][split]
 
     def sample_path(self, split: str, i: int) -> str:
         s = self._split(split)
         if not 0 <= i < self.samples[split]:
             raise LoaderError(f"{split}: sample {i} is outside [0, {self.samples[split]})")
-        return os.path.join(self.path, s["path"], f"{i:0{s['name_width']}d}.bin")
+        return os.path.join(self.path, s[contract.KEY_PATH], contract.file_name(i, int(s[contract.KEY_NAME_WIDTH])))
 
     def sample(self, split: str, i: int) -> np.ndarray:
         """Sample i's tokens, in the mount's dtype (pad positions hold the pad in that dtype)."""
@@ -100,7 +98,7 @@ class Mount:
 
     def pieces(self, split: str, i: int) -> list[tuple[int, int, int]]:
         """(sequence, offset, length) of each piece sample i was cut from."""
-        text = _xattr(self.sample_path(split, i), XATTR_PIECES)
+        text = _xattr(self.sample_path(split, i), contract.XATTR_PIECES)
         return [tuple(int(x) for x in p.split(":")) for p in text.split()]
 
     def megatron_item(self, split: str, i: int, *, eod_mask_loss: bool = False, reset_position_ids: bool = False,
@@ -132,33 +130,33 @@ class Mount:
 
     def microbatches_per_rank(self, split: str) -> int:
         self._split(split)
-        return int(self._training()["microbatches"].get(split, 0))
+        return int(self._training()[contract.KEY_MICROBATCHES].get(split, 0))
 
     def microbatch_path(self, split: str, rank: int, j: int) -> str:
         t = self._training()
-        dp = int(t["data_parallel_size"])
+        dp = int(t[contract.KEY_DATA_PARALLEL_SIZE])
         if not 0 <= rank < dp:
             raise LoaderError(f"rank {rank} is outside [0, {dp}) (data_parallel_size {dp})")
         files = self.microbatches_per_rank(split)
         if not 0 <= j < files:
             raise LoaderError(f"{split}: micro-batch {j} is outside the {files} of each rank")
-        rank_dir = f"{rank:0{int(t['rank_name_width'])}d}"
-        name = f"{j:0{int(t['microbatch_name_width'][split])}d}.bin"
-        return os.path.join(self.path, t["ranks_path"][split], rank_dir, name)
+        rank_dir = f"{rank:0{int(t[contract.KEY_RANK_NAME_WIDTH])}d}"
+        name = contract.file_name(j, int(t[contract.KEY_MICROBATCH_NAME_WIDTH][split]))
+        return os.path.join(self.path, t[contract.KEY_RANKS_PATH][split], rank_dir, name)
 
     def microbatch_samples(self, split: str, rank: int, j: int) -> list[int]:
         """The sample ids (of the split) in micro-batch j of `rank`."""
-        return [int(x) for x in _xattr(self.microbatch_path(split, rank, j), XATTR_SAMPLES).split()]
+        return [int(x) for x in _xattr(self.microbatch_path(split, rank, j), contract.XATTR_SAMPLES).split()]
 
     def _first_microbatch(self, split: str, rank: int, consumed_samples: int) -> int:
         t = self._training()
-        step = int(t["micro_batch_size"]) * int(t["data_parallel_size"])
+        step = int(t[contract.KEY_MICRO_BATCH_SIZE]) * int(t[contract.KEY_DATA_PARALLEL_SIZE])
         if consumed_samples < 0 or consumed_samples % step:
             raise LoaderError(
                 f"consumed_samples {consumed_samples} is not a multiple of micro_batch_size x "
                 f"data_parallel_size = {step}; resume from a value Megatron saved"
             )
-        dp = int(t["data_parallel_size"])
+        dp = int(t[contract.KEY_DATA_PARALLEL_SIZE])
         if not 0 <= rank < dp:
             raise LoaderError(f"rank {rank} is outside [0, {dp}) (data_parallel_size {dp})")
         j = consumed_samples // step
@@ -174,7 +172,7 @@ class Mount:
         """`rank`'s micro-batches, [micro_batch_size, tokens_per_sample] in the mount's dtype,
         from the one a job resumed at consumed_samples reads first."""
         start = self._first_microbatch(split, rank, consumed_samples)
-        mbs = int(self._training()["micro_batch_size"])
+        mbs = int(self._training()[contract.KEY_MICRO_BATCH_SIZE])
         for j in range(start, self.microbatches_per_rank(split)):
             data = _read(self.microbatch_path(split, rank, j))
             yield np.frombuffer(data, dtype=self.dtype).reshape(mbs, self.tokens_per_sample)

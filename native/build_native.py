@@ -4,11 +4,17 @@ setuptools runs this through `cffi_modules` in pyproject.toml, so the module
 is compiled by `pip install .` and never at import time.
 """
 
+import runpy
 from pathlib import Path
 
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
+
+# The mount contract's facts the C core needs, from their one home (a
+# standard-library module, run by path: the package need not be importable).
+CONTRACT = runpy.run_path(str(HERE.parent / "mmfs" / "mount" / "contract.py"))
+(HERE / "mmfs_contract.h").write_text(CONTRACT["c_header"]())
 HEADERS = ("mmfs_native.h", "mmfs_views.h", "mmfs_fuse.h", "mmfs_randperm.h")
 HEADER = "\n".join((HERE / name).read_text() for name in HEADERS)
 SOURCES = ("mmfs_native.c", "mmfs_views.c", "mmfs_fuse.c", "mmfs_latency.c", "mmfs_randperm.c",

@@ -14,7 +14,9 @@
  */
 #include <stdint.h>
 
-#define MMFS_RANDPERM_SMALL_LIMIT 214748364
+/* torch's switch to the inside-out algorithm: (2**32 - 1) / 20 (the one copy;
+ * Python reads it as lib.MMFS_RANDPERM_SMALL_LIMIT). */
+#define MMFS_RANDPERM_SMALL_LIMIT (4294967295LL / 20)
 
 /* out[0..n) = the first n raw 32-bit outputs after manual_seed(seed). */
 int mmfs_mt19937_raw(uint64_t seed, int64_t n, uint32_t *out);

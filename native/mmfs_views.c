@@ -1,4 +1,5 @@
 /* The mount's views. See mmfs_views.h. */
+#include "mmfs_contract.h"
 #include "mmfs_native.h"
 #include "mmfs_views.h"
 
@@ -46,7 +47,7 @@ int mmfs_view_find(const mmfs_view *views, int32_t n, const char *path, int32_t 
         if (name[i] < '0' || name[i] > '9') return MMFS_PATH_MISSING;
         value = value * 10 + (name[i] - '0');
     }
-    if (strcmp(name + v->name_width, ".bin") != 0 || value >= v->count) return MMFS_PATH_MISSING;
+    if (strcmp(name + v->name_width, MMFS_FILE_SUFFIX) != 0 || value >= v->count) return MMFS_PATH_MISSING;
     *file = value;
     return MMFS_PATH_FILE;
 }
@@ -54,7 +55,7 @@ int mmfs_view_find(const mmfs_view *views, int32_t n, const char *path, int32_t 
 int mmfs_view_name(const mmfs_view *v, int64_t file, char *out, int32_t size) {
     if (!v || !out || file < 0 || file >= v->count || v->name_width < 1 || v->name_width > 18)
         return MMFS_E_ARG;
-    int n = snprintf(out, (size_t)size, "%0*lld.bin", (int)v->name_width, (long long)file);
+    int n = snprintf(out, (size_t)size, "%0*lld" MMFS_FILE_SUFFIX, (int)v->name_width, (long long)file);
     return n < size ? n : MMFS_E_OUT_SIZE;
 }
 

@@ -11,18 +11,16 @@ import pytest
 
 from golden_cases import case_names, expected_samples, write_case_config
 from mmfs.megatron import open_corpus
+from mmfs.mount.contract import DOCUMENTS, SEQUENCES, XATTR_DATASET, XATTR_PIECES, dataset_dir, name_width
 from mmfs.mount.tree import (
     DIR_MODE,
     FILE_MODE,
     LINK_MODE,
-    XATTR_DATASET,
-    XATTR_PIECES,
     Blob,
     Dir,
     Generated,
     Link,
     Tree,
-    name_width,
 )
 
 
@@ -158,7 +156,8 @@ def test_samples_bytes_and_ranges(tree: Tree):
 def test_documents_and_sequences(tree: Tree):
     for entry in tree.corpus.datasets:
         ds = entry.dataset
-        docs, seqs = tree.dataset_views[entry.name]
+        docs = tree.registry.by_path[dataset_dir(entry.name, DOCUMENTS)]
+        seqs = tree.registry.by_path[dataset_dir(entry.name, SEQUENCES)]
         assert seqs.count == ds.num_sequences and docs.count == ds.num_documents
         for i in range(0, ds.num_sequences, 7):
             node = tree.lookup(f"/datasets/{entry.name}/sequences/{seqs.name(i)}")

@@ -55,12 +55,7 @@ import numpy as np
 
 from mmfs.errors import MmfsError
 from mmfs.megatron.arrays import ArrayPlacer
-from mmfs.mount.views import name_width, ranks_dir
 from mmfs.native import ffi, lib
-
-KINDS = ("single", "sharded", "unsharded")
-RANDPERM_SMALL_LIMIT = (2**32 - 1) // 20  # torch's switch to the inside-out algorithm
-MIN_RANK_NAME_WIDTH = 3
 
 
 class SamplerError(MmfsError):
@@ -95,14 +90,6 @@ def randperm(n: int, seed: int, dtype: Any = np.int64) -> np.ndarray:
         raise ValueError(f"randperm: dtype must be int64 or int32, not {dtype}")
     if rc < 0:
         raise ValueError(f"randperm: n {n} does not fit {dtype}")
-    return out
-
-
-def randperm_inside_out(n: int, seed: int) -> np.ndarray:
-    """torch's large-n randperm algorithm for any n (tests check it at small n)."""
-    out = np.empty(n, dtype=np.int64)
-    if lib.mmfs_randperm_large_path_i64(seed, n, ffi.cast("int64_t *", out.ctypes.data)) < 0:
-        raise ValueError(f"randperm_inside_out: bad arguments (n {n}, seed {seed})")
     return out
 
 
@@ -175,25 +162,6 @@ class RandomSampler:
         for k in range(len(ids) // self.mbs):
             self.consumed_samples += self.group
             yield ids[k * self.mbs:(k + 1) * self.mbs].tolist()
-
-
-def training_stream(dataloader_type: str, total: int, consumed: int, mbs: int, rank: int, dp: int,
-                    data_sharding: bool = True) -> Iterator[list[int]]:
-    """The micro-batches a rank reads from `consumed`, as Megatron's training loop
-    iterates its data loader: `single` once; `cyclic` again and again (cyclic_iter)."""
-    if dataloader_type == "single":
-        yield from single_sampler(total, consumed, mbs, rank, dp)
-        return
-    if dataloader_type != "cyclic":
-        raise SamplerError(f"unknown dataloader_type {dataloader_type!r} (single or cyclic)")
-    sampler = RandomSampler(total, consumed, mbs, rank, dp, data_sharding)
-    while True:
-        count = 0
-        for batch in sampler:
-            count += 1
-            yield batch
-        if count == 0:
-            raise SamplerError("the cyclic sampler produced no micro-batch in a pass")
 
 
 # -- the compact plan the mount serves ------------------------------------------
@@ -283,48 +251,22 @@ def native_plan(plan: RankPlan, placer: ArrayPlacer | None = None):
     return c
 
 
-def native_microbatch_ids(c_plan, rank: int, j: int, micro_batch_size: int) -> np.ndarray:
-    """mmfs_microbatch_ids through cffi (what C callers get); tests compare it with
-    microbatch_ids."""
-    out = np.empty(micro_batch_size, dtype=np.int64)
-    rc = lib.mmfs_microbatch_ids(c_plan, rank, j, ffi.cast("int64_t *", out.ctypes.data))
-    if rc < 0:
-        raise SamplerError(f"micro-batch {j} of rank {rank}: not in the plan (error {rc})")
-    return out
-
-
 def _check_rank(plan: RankPlan, rank: int) -> None:
     if not 0 <= rank < plan.data_parallel_size:
         raise SamplerError(f"rank {rank} is not below data_parallel_size {plan.data_parallel_size}")
 
 
 def microbatch_ids(plan: RankPlan, rank: int, j: int) -> np.ndarray:
-    """Sample ids (int64, [mbs]) of micro-batch file j of `rank`:
-    single:    j*mbs*dp + rank*mbs + [0, mbs)
-    sharded:   rank*bucket + permutation[j*mbs : (j+1)*mbs]
-    unsharded: permutation[(j*mbs + [0, mbs)) * dp + rank]"""
+    """Sample ids (int64, [mbs]) of micro-batch file j of `rank`, by the C
+    reader's formula (mmfs_microbatch_ids, native/mmfs_native.h: the one copy)."""
     _check_rank(plan, rank)
     if not 0 <= j < plan.files_per_rank:
         raise SamplerError(f"micro-batch {j} is not below the {plan.files_per_rank} files of a rank")
-    mbs, dp = plan.micro_batch_size, plan.data_parallel_size
-    m = np.arange(mbs, dtype=np.int64)
-    if plan.kind == "single":
-        return j * mbs * dp + rank * mbs + m
-    if plan.kind == "sharded":
-        return rank * plan.bucket_size + plan.permutation[j * mbs:(j + 1) * mbs].astype(np.int64)
-    return plan.permutation[(j * mbs + m) * dp + rank].astype(np.int64)
-
-
-def rank_ids(plan: RankPlan, rank: int) -> np.ndarray:
-    """Every file of `rank` at once: int64 [files_per_rank, mbs]."""
-    _check_rank(plan, rank)
-    files, mbs, dp = plan.files_per_rank, plan.micro_batch_size, plan.data_parallel_size
-    if plan.kind == "single":
-        return (np.arange(files, dtype=np.int64)[:, None] * (mbs * dp) + rank * mbs
-                + np.arange(mbs, dtype=np.int64)[None, :])
-    if plan.kind == "sharded":
-        return rank * plan.bucket_size + plan.permutation[:files * mbs].astype(np.int64).reshape(files, mbs)
-    return plan.permutation[:files * mbs * dp].reshape(files, mbs, dp)[:, :, rank].astype(np.int64)
+    out = np.empty(plan.micro_batch_size, dtype=np.int64)
+    rc = lib.mmfs_microbatch_ids(native_plan(plan), rank, j, ffi.cast("int64_t *", out.ctypes.data))
+    if rc < 0:
+        raise SamplerError(f"micro-batch {j} of rank {rank}: not in the plan (error {rc})")
+    return out
 
 
 # -- any micro-batch of an uninterrupted run -------------------------------------
@@ -357,35 +299,3 @@ def stream_microbatch(plan: RankPlan, rank: int, n: int) -> tuple[np.ndarray, in
             return perm[offset + (remaining * mbs + m) * dp + rank], epoch
         remaining -= count
         consumed += count * group
-
-
-# -- mmfs.json's `training` section ----------------------------------------------
-
-
-def rank_name_width(data_parallel_size: int) -> int:
-    """Digits of a rank folder's name: max(3, digits of data_parallel_size - 1)."""
-    return max(MIN_RANK_NAME_WIDTH, len(str(max(data_parallel_size - 1, 0))))
-
-
-def describe_training(training_cfg: Any, split_lengths: dict[str, int], bytes_per_sample: int) -> dict[str, Any]:
-    """mmfs.json's `training` section.
-
-    training_cfg: the config's TrainingConfig (config.training);
-    split_lengths: {split: samples} of the splits the mount shows (Corpus.splits);
-    bytes_per_sample: the size of one sample file."""
-    mbs, dp = training_cfg.micro_batch_size, training_cfg.data_parallel_size
-    files = {split: int(n) // (mbs * dp) for split, n in split_lengths.items()}
-    out: dict[str, Any] = dict(training_cfg.as_dict())
-    out.update(
-        sampler=plan_kind(training_cfg.dataloader_type, training_cfg.data_sharding),
-        rank_name_width=rank_name_width(dp),
-        microbatches=files,
-        microbatch_name_width={split: name_width(f) for split, f in files.items()},
-        ranks_path={split: ranks_dir(split).lstrip("/") for split, f in files.items() if f > 0},
-        bytes_per_microbatch=mbs * int(bytes_per_sample),
-    )
-    if training_cfg.global_batch_size is not None and training_cfg.rampup_batch_size is None:
-        out["microbatches_per_iteration"] = training_cfg.global_batch_size // (mbs * dp)
-    if training_cfg.schedule is not None:  # iteration -> consumed_samples
-        out["batch_schedule"] = training_cfg.schedule.describe()
-    return out

@@ -9,8 +9,37 @@ from typing import Any
 import numpy as np
 
 from mmfs import __version__
-from mmfs.megatron.samplers import describe_training
-from mmfs.mount.views import XATTR_DOCS, dataset_dir, name_width, sample_dir
+from mmfs.megatron.samplers import plan_kind
+from mmfs.mount.contract import (
+    DOCUMENTS,
+    FILE_NAMES,
+    KEY_ADD_EXTRA_TOKEN,
+    KEY_BYTES_PER_MICROBATCH,
+    KEY_BYTES_PER_SAMPLE,
+    KEY_DATA_PARALLEL_SIZE,
+    KEY_DTYPE,
+    KEY_EOD,
+    KEY_MICRO_BATCH_SIZE,
+    KEY_MICROBATCH_NAME_WIDTH,
+    KEY_MICROBATCHES,
+    KEY_NAME_WIDTH,
+    KEY_PAD,
+    KEY_PATH,
+    KEY_RANK_NAME_WIDTH,
+    KEY_RANKS_PATH,
+    KEY_SAMPLES,
+    KEY_SEQUENCE_LENGTH,
+    KEY_SPLITS,
+    KEY_TOKENS_PER_SAMPLE,
+    KEY_TRAINING,
+    SEQUENCES,
+    XATTR_DOCS,
+    dataset_dir,
+    name_width,
+    rank_name_width,
+    ranks_dir,
+    sample_dir,
+)
 
 
 def manifest(corpus: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -19,27 +48,27 @@ def manifest(corpus: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]
     dtype = np.dtype(corpus.dtype)
     info: dict[str, Any] = {
         "mmfs_version": __version__,
-        "dtype": dtype.name,
+        KEY_DTYPE: dtype.name,
         "byte_order": "little",  # whatever the source, the files are little-endian
-        "sequence_length": int(corpus.sequence_length),
-        "add_extra_token_to_sequence": bool(corpus.config.add_extra_token),
-        "tokens_per_sample": int(corpus.sample_tokens),
-        "bytes_per_sample": int(corpus.sample_tokens) * dtype.itemsize,
-        "eod_id": int(corpus.eod),
-        "pad_id": int(corpus.pad),
+        KEY_SEQUENCE_LENGTH: int(corpus.sequence_length),
+        KEY_ADD_EXTRA_TOKEN: bool(corpus.config.add_extra_token),
+        KEY_TOKENS_PER_SAMPLE: int(corpus.sample_tokens),
+        KEY_BYTES_PER_SAMPLE: int(corpus.sample_tokens) * dtype.itemsize,
+        KEY_EOD: int(corpus.eod),
+        KEY_PAD: int(corpus.pad),
         "pad_value_in_dtype": int(np.array(corpus.pad).astype(dtype)),
-        "samples": {name: len(s) for name, s in corpus.indices.items() if len(s) > 0},
-        "splits": describe_splits(corpus),
+        KEY_SAMPLES: {name: len(s) for name, s in corpus.indices.items() if len(s) > 0},
+        KEY_SPLITS: describe_splits(corpus),
         "datasets": [_dataset(e) for e in corpus.datasets],
-        "file_names": "zero-padded decimal id, width max(7, digits of the largest id), then .bin",
+        "file_names": FILE_NAMES,
         "xattrs": dict(XATTR_DOCS),
         "config_path": os.path.abspath(str(corpus.config_path)),
         "config": corpus.config_dict,
     }
     training = corpus.config.training
     if training is not None:
-        info["training"] = describe_training(
-            training, info["samples"], info["bytes_per_sample"])
+        info[KEY_TRAINING] = describe_training(
+            training, info[KEY_SAMPLES], info[KEY_BYTES_PER_SAMPLE])
     info.update(extra or {})
     return info
 
@@ -69,8 +98,8 @@ def _split(name: str, s: Any) -> dict[str, Any]:
         out["blend"] = {"weights": s.blend.weights, "size": s.blend.size,
                         "cache": s.blend.cache.path("*")}
     if len(s) > 0:
-        out["path"] = sample_dir(name).lstrip("/")
-        out["name_width"] = name_width(len(s))
+        out[KEY_PATH] = sample_dir(name).lstrip("/")
+        out[KEY_NAME_WIDTH] = name_width(len(s))
     return out
 
 
@@ -84,8 +113,34 @@ def _dataset(e: Any) -> dict[str, Any]:
         "sequences": int(ds.num_sequences),
         "documents": int(ds.num_documents),
         "tokens": int(ds.num_tokens),
-        "documents_path": dataset_dir(e.name, "documents").lstrip("/"),
+        "documents_path": dataset_dir(e.name, DOCUMENTS).lstrip("/"),
         "documents_name_width": name_width(int(ds.num_documents)),
-        "sequences_path": dataset_dir(e.name, "sequences").lstrip("/"),
+        "sequences_path": dataset_dir(e.name, SEQUENCES).lstrip("/"),
         "sequences_name_width": name_width(int(ds.num_sequences)),
     }
+
+
+def describe_training(training_cfg: Any, split_lengths: dict[str, int], bytes_per_sample: int) -> dict[str, Any]:
+    """mmfs.json's `training` section.
+
+    training_cfg: the config's TrainingConfig (config.training);
+    split_lengths: {split: samples} of the splits the mount shows (Corpus.splits);
+    bytes_per_sample: the size of one sample file."""
+    mbs, dp = training_cfg.micro_batch_size, training_cfg.data_parallel_size
+    files = {split: int(n) // (mbs * dp) for split, n in split_lengths.items()}
+    out: dict[str, Any] = dict(training_cfg.as_dict())
+    out.update({
+        KEY_MICRO_BATCH_SIZE: mbs,
+        KEY_DATA_PARALLEL_SIZE: dp,
+        "sampler": plan_kind(training_cfg.dataloader_type, training_cfg.data_sharding),
+        KEY_RANK_NAME_WIDTH: rank_name_width(dp),
+        KEY_MICROBATCHES: files,
+        KEY_MICROBATCH_NAME_WIDTH: {split: name_width(f) for split, f in files.items()},
+        KEY_RANKS_PATH: {split: ranks_dir(split).lstrip("/") for split, f in files.items() if f > 0},
+        KEY_BYTES_PER_MICROBATCH: mbs * int(bytes_per_sample),
+    })
+    if training_cfg.global_batch_size is not None and training_cfg.rampup_batch_size is None:
+        out["microbatches_per_iteration"] = training_cfg.global_batch_size // (mbs * dp)
+    if training_cfg.schedule is not None:  # iteration -> consumed_samples
+        out["batch_schedule"] = training_cfg.schedule.describe()
+    return out

@@ -4,7 +4,7 @@ A `Tree` maps a path inside the mount to a node and a node to attributes,
 directory entries, bytes and extended attributes. It never raises for a bad
 path: `lookup` returns None (the adapter turns that into ENOENT).
 
-Layout (a contract, see README.md):
+Layout (the mount contract: README.md; names and paths in mmfs/mount/contract.py):
 
     mmfs.json
     train/samples/0000000.bin ...          one file per sample, training order
@@ -14,7 +14,8 @@ Layout (a contract, see README.md):
     datasets/<name>/sequences/0000000.bin  one sequence
     documents, sequences                   symlinks when there is exactly one dataset
 
-The directories of generated files are the registered views (mmfs/mount/views.py):
+The directories of generated files are the registered views (declared in
+mmfs/mount/declarations.py, served through mmfs/mount/views.py):
 their files are found, sized and read through the registry, by the same C
 code that serves them under FUSE. The tree adds the directories above them,
 mmfs.json and the symlinks.
@@ -31,25 +32,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mmfs.errors import MountError
-from mmfs.megatron.samplers import native_plan, plan_splits, rank_name_width
+from mmfs.mount.contract import DOCUMENTS, MANIFEST, SAMPLES, SEQUENCES, dataset_dir, sample_dir
+from mmfs.mount.declarations import declare_views
 from mmfs.mount.manifest import manifest
-from mmfs.mount.views import (
-    XATTR_DATASET,
-    XATTR_PIECES,
-    Registry,
-    View,
-    dataset_dir,
-    document_view,
-    microbatch_view,
-    name_width,
-    sample_view,
-    sequence_view,
-)
+from mmfs.mount.views import Registry, View
 from mmfs.native import lib
 
-__all__ = ["DIR_MODE", "FILE_MODE", "LINK_MODE", "XATTR_DATASET", "XATTR_PIECES", "Attr", "Blob",
-           "Dir", "Generated", "Link", "Tree", "name_width"]
+__all__ = ["DIR_MODE", "FILE_MODE", "LINK_MODE", "Attr", "Blob", "Dir", "Generated", "Link", "Tree"]
 
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
@@ -126,45 +115,6 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _check_name(name: str, what: str) -> None:
-    if not name or name in (".", "..") or "/" in name or "\0" in name:
-        raise MountError(
-            f"{what} {name!r} cannot be a directory name in the mount; give the dataset a "
-            "`name:` without '/' in the config"
-        )
-
-
-def declare_views(corpus: Any, dataset_mtimes: dict[str, int], mtime_ns: int) -> list[View]:
-    """Every view of a corpus: each split's samples, each dataset's documents
-    and sequences."""
-    views = [sample_view(name, split, mtime_ns) for name, split in corpus.splits.items()]
-    views += rank_views(corpus, mtime_ns)
-    sources = {id(s.dataset): s for s in corpus.sources.values()}
-    for entry in corpus.datasets:
-        _check_name(entry.name, "dataset name")
-        source, m = sources[id(entry.dataset)], dataset_mtimes[entry.name]
-        views += [document_view(entry.name, source, m), sequence_view(entry.name, source, m)]
-    return views
-
-
-def rank_views(corpus: Any, mtime_ns: int) -> list[View]:
-    """With a `training:` block: every data-parallel rank's micro-batches of each
-    split that has at least one micro-batch per rank."""
-    training = corpus.config.training
-    if training is None:
-        return []
-    plans = plan_splits(training, {name: len(split) for name, split in corpus.splits.items()})
-    width = rank_name_width(training.data_parallel_size)
-    views = []
-    for name, plan in plans.items():
-        if plan.files_per_rank == 0:
-            continue
-        plan_c = native_plan(plan, corpus.placer)
-        views += [microbatch_view(name, corpus.splits[name], plan, plan_c, rank, width, mtime_ns)
-                  for rank in range(training.data_parallel_size)]
-    return views
-
-
 class Tree:
     """The mount's tree over an opened corpus (see mmfs.megatron.open_corpus)."""
 
@@ -191,12 +141,12 @@ class Tree:
                     self._dirs[path] = parent.entries[part] = node
                 parent = node
         if "train" in corpus.splits:
-            self.root.entries["samples"] = Link("train/samples", t)
+            self.root.entries[SAMPLES] = Link(sample_dir("train").lstrip("/"), t)
         if len(corpus.datasets) == 1:
             only = corpus.datasets[0].name
-            for kind in ("documents", "sequences"):
+            for kind in (DOCUMENTS, SEQUENCES):
                 self.root.entries[kind] = Link(dataset_dir(only, kind).lstrip("/"), t)
-        self.root.entries["mmfs.json"] = Blob(
+        self.root.entries[MANIFEST] = Blob(
             (json.dumps(self.info, indent=2, default=_json_default) + "\n").encode(), t
         )
         self._statfs = self._compute_statfs()  # now: nothing later may touch the files
@@ -207,13 +157,6 @@ class Tree:
     def splits(self) -> dict[str, View]:
         """Split name -> its samples view."""
         return {v.path.split("/")[1]: v for v in self.registry.views if v.reader == "split"}
-
-    @property
-    def dataset_views(self) -> dict[str, tuple[View, View]]:
-        """Dataset name -> (documents view, sequences view)."""
-        return {e.name: (self.registry.by_path[dataset_dir(e.name, "documents")],
-                         self.registry.by_path[dataset_dir(e.name, "sequences")])
-                for e in self.corpus.datasets}
 
     # -- resolution -----------------------------------------------------------
 

@@ -1,16 +1,13 @@
-"""The registry of the mount's views: directories of generated files.
+"""The registry of the mount's views: directories of generated files, as the
+C core serves them.
 
-A view is declared once, here: its directory, its file count (and so its name
-width), the C reader of its files' tokens, their dtype, their extended
-attributes. Everything else follows from the declaration: the tree lists,
-looks up and stats the view's files from it, and the C FUSE handlers
-(native/mmfs_fuse.c) serve getattr, read and readdir of every registered view
-without entering Python. Adding a view is one declaration below, plus one C
-reader (`mmfs_<reader>_length`/`mmfs_<reader>_tokens` in native/) if its bytes
-are new.
-
-File names: zero-padded decimal ids, `max(7, digits of the largest id)` wide,
-then ".bin" (a contract; the C side parses and formats them).
+A view is declared once (mmfs/mount/declarations.py): its directory, its file
+count (and so its name width), the C reader of its files' tokens, their dtype,
+their extended attributes. Everything else follows from the declaration: the
+tree lists, looks up and stats the view's files from it, and the C FUSE
+handlers (native/mmfs_fuse.c) serve getattr, read and readdir of every
+registered view without entering Python. File names follow the mount contract
+(mmfs/mount/contract.py; the C side parses and formats the same).
 """
 
 from __future__ import annotations
@@ -22,41 +19,8 @@ from typing import Any
 import numpy as np
 
 from mmfs.errors import NativeError
+from mmfs.mount.contract import file_name, file_name_format, name_width
 from mmfs.native import error_detail, ffi, lib
-
-MIN_NAME_WIDTH = 7
-
-# Extended attributes of a sample file. `user.mmfs.pieces` is text: one
-# "sequence:offset:length" triple per piece, separated by single spaces, in the
-# order the tokens appear in the sample (sequence ids of that dataset's .idx,
-# offsets and lengths in tokens).
-XATTR_DATASET = "user.mmfs.dataset"
-XATTR_PIECES = "user.mmfs.pieces"
-XATTR_SAMPLES = "user.mmfs.samples"
-XATTR_DOCS = {
-    XATTR_DATASET: "name of the dataset a sample was cut from",
-    XATTR_PIECES: "space-separated sequence:offset:length triples, in sample order "
-    "(sequence ids of that dataset; offsets and lengths in tokens)",
-    XATTR_SAMPLES: "on a micro-batch file: its sample ids in the split, space-separated, in batch order",
-}
-
-
-def sample_dir(split: str) -> str:
-    return f"/{split}/samples"
-
-
-def ranks_dir(split: str) -> str:
-    return f"/{split}/ranks"
-
-
-def dataset_dir(name: str, kind: str) -> str:
-    """`kind`: "documents" or "sequences"."""
-    return f"/datasets/{name}/{kind}"
-
-
-def name_width(count: int) -> int:
-    """Digits in a file name: max(7, digits of the largest id)."""
-    return max(MIN_NAME_WIDTH, len(str(count - 1))) if count > 0 else MIN_NAME_WIDTH
 
 
 @dataclass
@@ -88,10 +52,10 @@ class View:
 
     def name(self, i: int) -> str:
         """The name of file i (the C side parses and formats the same)."""
-        return f"{i:0{self.width}d}.bin"
+        return file_name(i, self.width)
 
     def names(self, start: int = 0) -> Iterator[str]:
-        fmt = f"%0{self.width}d.bin"
+        fmt = file_name_format(self.width)
         for i in range(max(start, 0), self.count):
             yield fmt % i
 
@@ -173,64 +137,3 @@ def read_failure(view: View, i: int, rc: int) -> str:
     what it was doing (the file, the sequence, the byte offset)."""
     where = view.describe_file(i) if view.describe_file is not None else ""
     return f"{view.path}/{view.name(i)}{where}: {error_detail(rc)}"
-
-
-# -- the declarations -----------------------------------------------------------
-
-
-def sample_view(split_name: str, split: Any, mtime_ns: int) -> View:
-    """A split's samples in training order: `/<split>/samples`."""
-
-    def xattrs(i: int) -> dict[str, bytes]:
-        dataset, pieces = split.provenance(i)
-        return {
-            XATTR_DATASET: dataset.encode(),
-            XATTR_PIECES: " ".join(f"{s}:{o}:{n}" for s, o, n in pieces).encode(),
-        }
-
-    def describe_file(i: int) -> str:
-        try:
-            gpt, k = split.locate(i)
-        except Exception as exc:  # the blend or shuffle index itself is bad: say that
-            return f" ({exc})"
-        return f" (dataset {gpt.name}, its sample {k})"
-
-    return View(sample_dir(split_name), len(split), split.dtype, "split", split.c, mtime_ns,
-                file_tokens=split.sample_tokens, xattr_names=(XATTR_DATASET, XATTR_PIECES),
-                xattrs=xattrs, keep=split, describe_file=describe_file)
-
-
-def sequence_view(name: str, source: Any, mtime_ns: int) -> View:
-    """A dataset's sequences, in its own dtype: `/datasets/<name>/sequences`."""
-    ds = source.dataset
-    return View(dataset_dir(name, "sequences"), int(ds.num_sequences), ds.dtype, "sequence",
-                source.c, mtime_ns, total_tokens=lambda: ds.num_tokens, keep=source,
-                describe_file=lambda i: f" (sequence {i} of {ds.path_prefix})")
-
-
-def document_view(name: str, source: Any, mtime_ns: int) -> View:
-    """A dataset's documents (their sequences concatenated): `/datasets/<name>/documents`."""
-    ds = source.dataset
-    return View(dataset_dir(name, "documents"), int(ds.num_documents), ds.dtype, "document",
-                source.documents_c, mtime_ns, total_tokens=lambda: ds.num_tokens, keep=source,
-                describe_file=lambda i: f" (document {i} of {ds.path_prefix})")
-
-
-def microbatch_view(split_name: str, split: Any, plan: Any, plan_c: Any, rank: int, rank_width: int,
-                    mtime_ns: int) -> View:
-    """Data-parallel rank `rank`'s micro-batches of a split, in the order
-    Megatron's sampler hands them to it: `/<split>/ranks/<rank>`."""
-    from mmfs.megatron.samplers import microbatch_ids
-
-    c = ffi.new("mmfs_microbatches *")
-    c.plan = plan_c
-    c.split = split.c
-    c.rank = rank
-
-    def xattrs(j: int) -> dict[str, bytes]:
-        return {XATTR_SAMPLES: " ".join(map(str, microbatch_ids(plan, rank, j).tolist())).encode()}
-
-    return View(f"{ranks_dir(split_name)}/{rank:0{rank_width}d}", plan.files_per_rank, split.dtype,
-                "microbatch", c, mtime_ns, file_tokens=plan.micro_batch_size * split.sample_tokens,
-                xattr_names=(XATTR_SAMPLES,), xattrs=xattrs, keep=(split, plan, plan_c),
-                describe_file=lambda j: f" (rank {rank}, samples {microbatch_ids(plan, rank, j).tolist()})")

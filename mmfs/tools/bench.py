@@ -36,6 +36,24 @@ import numpy as np
 
 from mmfs.config.schema import SPLITS
 from mmfs.errors import MmfsError
+from mmfs.mount.contract import (
+    KEY_BYTES_PER_MICROBATCH,
+    KEY_BYTES_PER_SAMPLE,
+    KEY_DATA_PARALLEL_SIZE,
+    KEY_MICRO_BATCH_SIZE,
+    KEY_MICROBATCH_NAME_WIDTH,
+    KEY_MICROBATCHES,
+    KEY_NAME_WIDTH,
+    KEY_RANK_NAME_WIDTH,
+    KEY_SAMPLES,
+    KEY_SPLITS,
+    KEY_TOKENS_PER_SAMPLE,
+    KEY_TRAINING,
+    MANIFEST,
+    file_name,
+    rank_dir,
+    sample_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -199,14 +217,14 @@ def _copy_to_tmpfs(ids: np.ndarray, width: int, read: Callable[[int], bytes], ro
     """The bytes of samples `ids` as real files in a new folder on tmpfs."""
     folder = tempfile.mkdtemp(prefix="mmfs-bench-", dir=root)
     for i in ids:
-        with open(os.path.join(folder, f"{int(i):0{width}d}.bin"), "wb") as f:
+        with open(os.path.join(folder, file_name(int(i), width)), "wb") as f:
             f.write(read(int(i)))
     return folder
 
 
 def sample_paths(mount: str, split: str, width: int, ids: np.ndarray) -> list[str]:
-    base = os.path.join(mount, split, "samples")
-    return [os.path.join(base, f"{int(i):0{width}d}.bin") for i in ids]
+    base = os.path.join(mount, sample_dir(split).lstrip("/"))
+    return [os.path.join(base, file_name(int(i), width)) for i in ids]
 
 
 def bench_mount(mount: str, n: int, readers: list[int], corpus: Any = None,
@@ -215,13 +233,13 @@ def bench_mount(mount: str, n: int, readers: list[int], corpus: Any = None,
 
     The methods take turns slice by slice (see _interleaved), so that a noisy
     neighbour slows all of them alike."""
-    with open(os.path.join(mount, "mmfs.json")) as f:
+    with open(os.path.join(mount, MANIFEST)) as f:
         info = json.load(f)
-    split = "train" if "train" in info["samples"] else next(iter(info["samples"]))
-    total = int(info["samples"][split])
-    size = int(info["bytes_per_sample"])
-    width = int(info["splits"][split]["name_width"])
-    tokens = int(info["tokens_per_sample"])
+    split = "train" if "train" in info[KEY_SAMPLES] else next(iter(info[KEY_SAMPLES]))
+    total = int(info[KEY_SAMPLES][split])
+    size = int(info[KEY_BYTES_PER_SAMPLE])
+    width = int(info[KEY_SPLITS][split][KEY_NAME_WIDTH])
+    tokens = int(info[KEY_TOKENS_PER_SAMPLE])
     plan = Plan(total, n, readers).ids()
     rows: list[Row] = []
     notes: list[str] = []
@@ -246,7 +264,7 @@ def bench_mount(mount: str, n: int, readers: list[int], corpus: Any = None,
         notes.append("the source files are not read through before cold passes (bench a config for that)")
     for (order, r), ids in plan.items():
         def tmpfs_method(folder: str) -> Method:
-            return Method("tmpfs files", lambda part: [os.path.join(folder, f"{int(i):0{width}d}.bin")
+            return Method("tmpfs files", lambda part: [os.path.join(folder, file_name(int(i), width))
                                                        for i in part], read_sized)
 
         methods = [Method("mmfs mount", lambda part: sample_paths(mount, split, width, part), read_sized)]
@@ -473,16 +491,16 @@ def _microbatch_rates(config: str, n: int, options: str) -> tuple[int, dict[str,
 
     sources = open_corpus(config, progress=False).placer.files()
     with temporary_mount(config, options) as (mount, _pid):
-        with open(os.path.join(mount, "mmfs.json")) as f:
+        with open(os.path.join(mount, MANIFEST)) as f:
             info = json.load(f)
-        t = info["training"]
-        mbs, step = t["micro_batch_size"], t["micro_batch_size"] * t["data_parallel_size"]
-        files = min(n // mbs, t["microbatches"]["train"])
-        width, fwidth = info["splits"]["train"]["name_width"], t["microbatch_name_width"]["train"]
-        rank0 = os.path.join(mount, t["ranks_path"]["train"], f"{0:0{t['rank_name_width']}d}")
-        size, batch = info["bytes_per_sample"], t["bytes_per_microbatch"]
+        t = info[KEY_TRAINING]
+        mbs, step = t[KEY_MICRO_BATCH_SIZE], t[KEY_MICRO_BATCH_SIZE] * t[KEY_DATA_PARALLEL_SIZE]
+        files = min(n // mbs, t[KEY_MICROBATCHES]["train"])
+        width, fwidth = info[KEY_SPLITS]["train"][KEY_NAME_WIDTH], t[KEY_MICROBATCH_NAME_WIDTH]["train"]
+        rank0 = os.path.join(mount, rank_dir("train", 0, t[KEY_RANK_NAME_WIDTH]).lstrip("/"))
+        size, batch = info[KEY_BYTES_PER_SAMPLE], t[KEY_BYTES_PER_MICROBATCH]
         methods = {
-            "micro-batch files": (lambda part: [os.path.join(rank0, f"{int(j):0{fwidth}d}.bin") for j in part],
+            "micro-batch files": (lambda part: [os.path.join(rank0, file_name(int(j), fwidth)) for j in part],
                                   lambda paths: read_files(paths, batch)),
             "sample files": (lambda part: sample_paths(mount, "train", width, np.concatenate(
                 [np.arange(j * step, j * step + mbs) for j in part])), lambda paths: read_files(paths, size)),

@@ -26,6 +26,21 @@ from pathlib import Path
 
 import numpy as np
 
+from mmfs.mount.contract import (
+    KEY_MICROBATCH_NAME_WIDTH,
+    KEY_NAME_WIDTH,
+    KEY_PATH,
+    KEY_RANK_NAME_WIDTH,
+    KEY_SPLITS,
+    KEY_TRAINING,
+    MANIFEST,
+    XATTR_DATASET,
+    XATTR_PIECES,
+    XATTR_SAMPLES,
+    file_name,
+    rank_dir,
+)
+
 EOD = 256
 SAMPLE = 42
 
@@ -156,32 +171,37 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mmfs: mounted (the daemon logs to {log})")
     try:
         # A sample cut from several documents shows provenance best.
+        info = json.loads((mnt / MANIFEST).read_text())
+        samples = mnt / info[KEY_SPLITS]["train"][KEY_PATH]
+        width = info[KEY_SPLITS]["train"][KEY_NAME_WIDTH]
         index = next((i for i in range(SAMPLE, SAMPLE + 200) if len(os.getxattr(
-            mnt / "samples" / f"{i:07d}.bin", "user.mmfs.pieces").split()) >= 3), SAMPLE)
-        sample = mnt / "samples" / f"{index:07d}.bin"
+            samples / file_name(i, width), XATTR_PIECES).split()) >= 3), SAMPLE)
+        sample = samples / file_name(index, width)
         shell(f"ls -l {mnt}")
         shell(f"ls {mnt}/samples | head -5")
-        shell(f"head -c 400 {mnt}/mmfs.json; echo ...")
+        shell(f"head -c 400 {mnt / MANIFEST}; echo ...")
         shell(f"hexdump -C {sample} | head -8")
         tokens = np.fromfile(sample, dtype=np.uint16)
         print(f"\n== sample {index} decoded back to text ({len(tokens)} tokens):")
         print(textwrap.indent(decode(tokens), "   | ", lambda line: True))
-        dataset = os.getxattr(sample, "user.mmfs.dataset").decode()
-        pieces = os.getxattr(sample, "user.mmfs.pieces").decode()
+        dataset = os.getxattr(sample, XATTR_DATASET).decode()
+        pieces = os.getxattr(sample, XATTR_PIECES).decode()
         if shutil.which("getfattr"):
             shell(f"getfattr -d {sample}")
         else:
             print(f"\n$ getfattr -d {sample}   # (from Python: os.getxattr)")
-            print(f'user.mmfs.dataset="{dataset}"\nuser.mmfs.pieces="{pieces}"')
+            print(f'{XATTR_DATASET}="{dataset}"\n{XATTR_PIECES}="{pieces}"')
         print(f"\n== where sample {index} comes from (sequence:offset:length pieces of {dataset}):")
         for piece in pieces.split():
             seq, off, length = map(int, piece.split(":"))
             print(f"   sequence {seq} = {names[dataset][seq]}: tokens {off}..{off + length}")
-        batch = mnt / "train" / "ranks" / "001" / "0000002.bin"
+        t = info[KEY_TRAINING]
+        rank1 = mnt / rank_dir("train", 1, t[KEY_RANK_NAME_WIDTH]).lstrip("/")
+        batch = rank1 / file_name(2, t[KEY_MICROBATCH_NAME_WIDTH]["train"])
         print("\n== what data-parallel rank 1 of 4 reads (micro-batches of 2 samples, Megatron's sampler):")
-        shell(f"ls {mnt}/train/ranks; ls -l {mnt}/train/ranks/001 | head -4")
-        print(f'\n$ getfattr -n user.mmfs.samples {batch}\nuser.mmfs.samples="'
-              f'{os.getxattr(batch, "user.mmfs.samples").decode()}"')
+        shell(f"ls {rank1.parent}; ls -l {rank1} | head -4")
+        print(f'\n$ getfattr -n {XATTR_SAMPLES} {batch}\n{XATTR_SAMPLES}="'
+              f'{os.getxattr(batch, XATTR_SAMPLES).decode()}"')
         mmfs_cli("which", str(mnt), "--iteration", "2", "--rank", "1")
     finally:
         # Unmount before printing anything: a closed stdout must not leave a mount.

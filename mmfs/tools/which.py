@@ -20,8 +20,8 @@ import numpy as np
 
 from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
-from mmfs.megatron.samplers import plan_ranks, rank_name_width, stream_microbatch
-from mmfs.mount.tree import name_width
+from mmfs.megatron.samplers import plan_ranks, stream_microbatch
+from mmfs.mount.contract import MANIFEST, file_name, name_width, rank_dir, rank_name_width
 
 
 class WhichError(MmfsError):
@@ -31,7 +31,7 @@ class WhichError(MmfsError):
 def resolve_config(target: str) -> str:
     """The config behind a CONFIG or a MOUNT (its mmfs.json names the config)."""
     if os.path.isdir(target):
-        info_path = os.path.join(target, "mmfs.json")
+        info_path = os.path.join(target, MANIFEST)
         try:
             with open(info_path, encoding="utf-8") as f:
                 config_path = json.load(f).get("config_path")
@@ -97,8 +97,8 @@ def which(target: str, iteration: int | None, split: str = "train", rank: int | 
             ids, epoch = found
             batches.append({
                 "microbatch": k, "stream_index": n, "epoch": epoch,
-                "file": f"{split}/ranks/{r:0{rank_name_width(dp)}d}/{n:0{name_width(plan.files_per_rank)}d}.bin"
-                if n < plan.files_per_rank else None,
+                "file": f"{rank_dir(split, r, rank_name_width(dp)).lstrip('/')}/"
+                f"{file_name(n, name_width(plan.files_per_rank))}" if n < plan.files_per_rank else None,
                 "samples": [_sample(reader, datasets, int(i), decode) for i in ids],
             })
         out["ranks"].append({"rank": r, "microbatches": batches})

@@ -1,0 +1,121 @@
+"""The mount's contract: the paths, file names, extended attributes and
+mmfs.json keys a reader of a mount relies on, in one place.
+
+Standard library only: the loader (numpy, no C core) imports it, and
+native/build_native.py runs it by path to write the facts the C core needs
+into a header (`c_header`). The layout itself is described in README.md.
+"""
+
+from __future__ import annotations
+
+# -- paths ------------------------------------------------------------------------
+
+MANIFEST = "mmfs.json"
+SAMPLES = "samples"
+RANKS = "ranks"
+DATASETS = "datasets"
+DOCUMENTS = "documents"
+SEQUENCES = "sequences"
+
+
+def sample_dir(split: str) -> str:
+    """A split's samples, in training order: "/train/samples"."""
+    return f"/{split}/{SAMPLES}"
+
+
+def ranks_dir(split: str) -> str:
+    """The folder of a split's data-parallel ranks: "/train/ranks"."""
+    return f"/{split}/{RANKS}"
+
+
+def rank_dir(split: str, rank: int, width: int) -> str:
+    """One rank's micro-batches: "/train/ranks/003"."""
+    return f"{ranks_dir(split)}/{rank:0{width}d}"
+
+
+def dataset_dir(name: str, kind: str) -> str:
+    """A dataset's documents or sequences (`kind`): "/datasets/<name>/documents"."""
+    return f"/{DATASETS}/{name}/{kind}"
+
+
+# -- file names --------------------------------------------------------------------
+
+MIN_NAME_WIDTH = 7
+MIN_RANK_NAME_WIDTH = 3
+FILE_SUFFIX = ".bin"
+FILE_NAMES = f"zero-padded decimal id, width max({MIN_NAME_WIDTH}, digits of the largest id), then {FILE_SUFFIX}"
+
+
+def name_width(count: int) -> int:
+    """Digits in the file names of a folder of `count` files: max(7, digits of the largest id)."""
+    return max(MIN_NAME_WIDTH, len(str(count - 1))) if count > 0 else MIN_NAME_WIDTH
+
+
+def rank_name_width(data_parallel_size: int) -> int:
+    """Digits of a rank folder's name: max(3, digits of data_parallel_size - 1)."""
+    return max(MIN_RANK_NAME_WIDTH, len(str(max(data_parallel_size - 1, 0))))
+
+
+def file_name_format(width: int) -> str:
+    """The %-format of the file names of a folder (the C core formats the same)."""
+    return f"%0{width}d{FILE_SUFFIX}"
+
+
+def file_name(i: int, width: int) -> str:
+    """The name of file i in a folder whose names are `width` digits: "0000042.bin"."""
+    return file_name_format(width) % i
+
+
+# -- extended attributes -----------------------------------------------------------
+
+# `user.mmfs.pieces` is text: one "sequence:offset:length" triple per piece,
+# separated by single spaces, in the order the tokens appear in the sample
+# (sequence ids of that dataset's .idx, offsets and lengths in tokens).
+XATTR_DATASET = "user.mmfs.dataset"
+XATTR_PIECES = "user.mmfs.pieces"
+XATTR_SAMPLES = "user.mmfs.samples"
+XATTR_DOCS = {
+    XATTR_DATASET: "name of the dataset a sample was cut from",
+    XATTR_PIECES: "space-separated sequence:offset:length triples, in sample order "
+    "(sequence ids of that dataset; offsets and lengths in tokens)",
+    XATTR_SAMPLES: "on a micro-batch file: its sample ids in the split, space-separated, in batch order",
+}
+
+# -- mmfs.json keys a loader reads --------------------------------------------------
+
+KEY_DTYPE = "dtype"
+KEY_SEQUENCE_LENGTH = "sequence_length"
+KEY_ADD_EXTRA_TOKEN = "add_extra_token_to_sequence"
+KEY_TOKENS_PER_SAMPLE = "tokens_per_sample"
+KEY_BYTES_PER_SAMPLE = "bytes_per_sample"
+KEY_EOD = "eod_id"
+KEY_PAD = "pad_id"
+KEY_SAMPLES = "samples"  # {split: samples}
+KEY_SPLITS = "splits"  # {split: {KEY_PATH, KEY_NAME_WIDTH, ...}}
+KEY_PATH = "path"
+KEY_NAME_WIDTH = "name_width"
+KEY_TRAINING = "training"
+# ... and in the training section:
+KEY_DATA_PARALLEL_SIZE = "data_parallel_size"
+KEY_MICRO_BATCH_SIZE = "micro_batch_size"
+KEY_MICROBATCHES = "microbatches"  # {split: files per rank}
+KEY_RANK_NAME_WIDTH = "rank_name_width"
+KEY_MICROBATCH_NAME_WIDTH = "microbatch_name_width"  # {split: width}
+KEY_RANKS_PATH = "ranks_path"  # {split: "train/ranks"}
+KEY_BYTES_PER_MICROBATCH = "bytes_per_microbatch"
+
+
+# -- the C core's copy ----------------------------------------------------------------
+
+
+def c_header() -> str:
+    """native/mmfs_contract.h: the facts above the C core needs, as #defines
+    (written by native/build_native.py before each build)."""
+    return "\n".join([
+        "/* Generated from mmfs/mount/contract.py by native/build_native.py: do not edit. */",
+        "#ifndef MMFS_CONTRACT_H",
+        "#define MMFS_CONTRACT_H",
+        f'#define MMFS_FILE_SUFFIX "{FILE_SUFFIX}"',
+        "#endif",
+        "",
+    ])

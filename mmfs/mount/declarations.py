@@ -1,0 +1,129 @@
+"""The mount's views, declared: which directories of generated files a corpus
+gets, and what each file holds. Adding a view is one declaration here, plus
+one C reader (`mmfs_<reader>_length`/`mmfs_<reader>_tokens` in native/) if its
+bytes are new.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mmfs.errors import MountError, NativeError
+from mmfs.megatron.samplers import native_plan, plan_splits
+from mmfs.mount.contract import (
+    DOCUMENTS,
+    SEQUENCES,
+    XATTR_DATASET,
+    XATTR_PIECES,
+    XATTR_SAMPLES,
+    dataset_dir,
+    rank_dir,
+    rank_name_width,
+    sample_dir,
+)
+from mmfs.mount.views import View
+from mmfs.native import error_detail, ffi, lib
+
+
+def sample_view(split_name: str, split: Any, mtime_ns: int) -> View:
+    """A split's samples in training order: `/<split>/samples`."""
+
+    def xattrs(i: int) -> dict[str, bytes]:
+        dataset, pieces = split.provenance(i)
+        return {
+            XATTR_DATASET: dataset.encode(),
+            XATTR_PIECES: " ".join(f"{s}:{o}:{n}" for s, o, n in pieces).encode(),
+        }
+
+    def describe_file(i: int) -> str:
+        try:
+            gpt, k = split.locate(i)
+        except Exception as exc:  # the blend or shuffle index itself is bad: say that
+            return f" ({exc})"
+        return f" (dataset {gpt.name}, its sample {k})"
+
+    return View(sample_dir(split_name), len(split), split.dtype, "split", split.c, mtime_ns,
+                file_tokens=split.sample_tokens, xattr_names=(XATTR_DATASET, XATTR_PIECES),
+                xattrs=xattrs, keep=split, describe_file=describe_file)
+
+
+def sequence_view(name: str, source: Any, mtime_ns: int) -> View:
+    """A dataset's sequences, in its own dtype: `/datasets/<name>/sequences`."""
+    ds = source.dataset
+    return View(dataset_dir(name, SEQUENCES), int(ds.num_sequences), ds.dtype, "sequence",
+                source.c, mtime_ns, total_tokens=lambda: ds.num_tokens, keep=source,
+                describe_file=lambda i: f" (sequence {i} of {ds.path_prefix})")
+
+
+def document_view(name: str, source: Any, mtime_ns: int) -> View:
+    """A dataset's documents (their sequences concatenated): `/datasets/<name>/documents`."""
+    ds = source.dataset
+    return View(dataset_dir(name, DOCUMENTS), int(ds.num_documents), ds.dtype, "document",
+                source.documents_c, mtime_ns, total_tokens=lambda: ds.num_tokens, keep=source,
+                describe_file=lambda i: f" (document {i} of {ds.path_prefix})")
+
+
+def microbatch_ids(plan_c: Any, rank: int, j: int) -> list[int]:
+    """The sample ids of micro-batch file j of `rank`, by the C reader's own formula."""
+    out = ffi.new("int64_t[]", max(plan_c.micro_batch_size, 1))
+    rc = lib.mmfs_microbatch_ids(plan_c, rank, j, out)
+    if rc < 0:
+        raise NativeError(f"micro-batch {j} of rank {rank}: {error_detail(rc)}")
+    return list(out[0:plan_c.micro_batch_size])
+
+
+def microbatch_view(split_name: str, split: Any, plan: Any, plan_c: Any, rank: int, rank_width: int,
+                    mtime_ns: int) -> View:
+    """Data-parallel rank `rank`'s micro-batches of a split, in the order
+    Megatron's sampler hands them to it: `/<split>/ranks/<rank>`."""
+    c = ffi.new("mmfs_microbatches *")
+    c.plan = plan_c
+    c.split = split.c
+    c.rank = rank
+
+    def xattrs(j: int) -> dict[str, bytes]:
+        return {XATTR_SAMPLES: " ".join(map(str, microbatch_ids(plan_c, rank, j))).encode()}
+
+    return View(rank_dir(split_name, rank, rank_width), plan.files_per_rank, split.dtype,
+                "microbatch", c, mtime_ns, file_tokens=plan.micro_batch_size * split.sample_tokens,
+                xattr_names=(XATTR_SAMPLES,), xattrs=xattrs, keep=(split, plan, plan_c),
+                describe_file=lambda j: f" (rank {rank}, samples {microbatch_ids(plan_c, rank, j)})")
+
+
+def _check_name(name: str, what: str) -> None:
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise MountError(
+            f"{what} {name!r} cannot be a directory name in the mount; give the dataset a "
+            "`name:` without '/' in the config"
+        )
+
+
+def declare_views(corpus: Any, dataset_mtimes: dict[str, int], mtime_ns: int) -> list[View]:
+    """Every view of a corpus: each split's samples, each dataset's documents
+    and sequences, each rank's micro-batches."""
+    views = [sample_view(name, split, mtime_ns) for name, split in corpus.splits.items()]
+    views += rank_views(corpus, mtime_ns)
+    sources = {id(s.dataset): s for s in corpus.sources.values()}
+    for entry in corpus.datasets:
+        _check_name(entry.name, "dataset name")
+        source, m = sources[id(entry.dataset)], dataset_mtimes[entry.name]
+        views += [document_view(entry.name, source, m), sequence_view(entry.name, source, m)]
+    return views
+
+
+def rank_views(corpus: Any, mtime_ns: int) -> list[View]:
+    """With a `training:` block: every data-parallel rank's micro-batches of each
+    split that has at least one micro-batch per rank."""
+    training = corpus.config.training
+    if training is None:
+        return []
+    plans = plan_splits(training, {name: len(split) for name, split in corpus.splits.items()})
+    width = rank_name_width(training.data_parallel_size)
+    views = []
+    for name, plan in plans.items():
+        if plan.files_per_rank == 0:
+            continue
+        plan_c = native_plan(plan, corpus.placer)
+        views += [microbatch_view(name, corpus.splits[name], plan, plan_c, rank, width, mtime_ns)
+                  for rank in range(training.data_parallel_size)]
+    return views

@@ -1,0 +1,89 @@
+"""The import graph of mmfs shows its layers: no circle, and no module imports
+one of a higher layer (lazy imports inside functions count too)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "mmfs"
+
+# Lowest first; a module may import its own layer and the ones before it.
+LAYERS = [
+    ("mmfs", "mmfs._native", "mmfs.native", "mmfs.errors"),
+    ("mmfs.storage",),
+    ("mmfs.formats",),
+    ("mmfs.config",),
+    ("mmfs.megatron",),
+    ("mmfs.mount",),
+    ("mmfs.tools",),
+    ("mmfs.cli", "mmfs.__main__"),
+]
+# The loader runs in training processes: numpy, the standard library and the
+# mount contract (plus the error base class), nothing that needs the C core.
+LOADER_MAY_IMPORT = {"mmfs", "mmfs.errors", "mmfs.mount", "mmfs.mount.contract"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """The modules `path` imports (absolute names; `from a import b` counts a.b
+    when that is a module of the package)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: {m for m in imports(p) if m in files} - {name} for name, p in files.items()}
+
+
+def layer(module: str) -> int | None:
+    return next((i for i, names in enumerate(LAYERS) for n in names
+                 if module == n or (n != "mmfs" and module.startswith(n + "."))), None)
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in graph() if m != "mmfs.loader" and layer(m) is None] == []
+
+
+def test_no_module_imports_a_higher_layer():
+    wrong = [f"{m} ({layer(m)}) imports {d} ({layer(d)})" for m, deps in graph().items() if m != "mmfs.loader"
+             for d in deps if layer(d) > layer(m)]
+    assert wrong == []
+
+
+def test_no_import_circle():
+    g, state, circles = graph(), {}, []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = "open"
+        for d in sorted(g[m]):
+            if state.get(d) == "open":
+                circles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d, stack + [d])
+        state[m] = "done"
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m, [m])
+    assert circles == []
+
+
+def test_the_loader_and_the_contract_need_neither_c_nor_the_rest_of_mmfs():
+    loader = imports(PACKAGE / "loader.py")
+    assert graph()["mmfs.loader"] <= LOADER_MAY_IMPORT
+    assert {m.split(".")[0] for m in loader} <= {"mmfs", "numpy", *sys.stdlib_module_names}
+    contract = imports(PACKAGE / "mount" / "contract.py")
+    assert {m.split(".")[0] for m in contract} <= set(sys.stdlib_module_names)
