@@ -4,15 +4,8 @@ A `Tree` maps a path inside the mount to a node and a node to attributes,
 directory entries, bytes and extended attributes. It never raises for a bad
 path: `lookup` returns None (the adapter turns that into ENOENT).
 
-Layout (the mount contract: README.md; names and paths in mmfs/mount/contract.py):
-
-    mmfs.json
-    train/samples/0000000.bin ...          one file per sample, training order
-    valid/samples/...  test/samples/...    each non-empty split
-    samples -> train/samples
-    datasets/<name>/documents/0000000.bin  a document's sequences concatenated
-    datasets/<name>/sequences/0000000.bin  one sequence
-    documents, sequences                   symlinks when there is exactly one dataset
+The layout is the mount contract: docs/mount.md describes it (the one copy),
+mmfs/mount/contract.py holds its names and paths.
 
 The directories of generated files are the registered views (declared in
 mmfs/mount/declarations.py, served through mmfs/mount/views.py):
