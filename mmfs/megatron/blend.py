@@ -13,7 +13,8 @@ from collections import OrderedDict
 import numpy as np
 
 from mmfs.errors import ConfigError
-from mmfs.megatron.gpt import available_memory, gib
+from mmfs.megatron.buildcheck import available_memory
+from mmfs.megatron.gpt import gib
 from mmfs.megatron.splits import normalize
 from mmfs.native import check, ffi, lib, pointer
 

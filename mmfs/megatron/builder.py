@@ -29,9 +29,10 @@ from mmfs.megatron.blend import (
     build_exhaustive_blending_indices,
     sizes_per_dataset,
 )
+from mmfs.megatron.buildcheck import check_gpt_build
 from mmfs.megatron.cache import HEADERS_FROM, Batch, CachedArray, HeaderFile, IndexCache, description_hash
 from mmfs.megatron.cachelock import try_lock, wait_unlocked
-from mmfs.megatron.gpt import GptParams, build_gpt_indices, check_gpt_build
+from mmfs.megatron.gpt import GptParams, build_gpt_indices
 from mmfs.megatron.splits import normalize, split_matrix, split_range
 
 log = logging.getLogger(__name__)
