@@ -20,7 +20,8 @@ int mmfs_fuse_configure(const mmfs_view *views, int32_t n, uint32_t uid, uint32_
     /* The binding's struct stat may omit the reserved tail, not the times. */
     size_t needed = offsetof(struct stat, st_ctim) + sizeof(struct timespec);
     if (stat_size < needed || stat_size > sizeof(struct stat) || n < 0 || (n > 0 && !views) || !fallback ||
-        !fallback->getattr || !fallback->fgetattr || !fallback->read || !fallback->readdir)
+        !fallback->getattr || !fallback->fgetattr || !fallback->read || !fallback->readdir ||
+        !fallback->read_failed)
         return MMFS_E_ARG;
     for (int32_t d = 0; d < n; ++d)
         if (!views[d].path || views[d].name_width < 1 || views[d].name_width > 18 ||
@@ -93,7 +94,7 @@ int mmfs_fuse_read(const char *path, char *buf, size_t size, int64_t offset, voi
     switch (mmfs_view_find(g_views, g_num_views, path, &d, &file)) {
     case MMFS_PATH_FILE: {
         int64_t n = mmfs_view_read(&g_views[d], file, offset, (int64_t)size, (uint8_t *)buf);
-        return n >= 0 ? (int)n : g_fallback.read(path, buf, size, offset, fi);
+        return n >= 0 ? (int)n : g_fallback.read_failed(d, file, n, size, offset);
     }
     case MMFS_PATH_DIR:
         return -EISDIR;

@@ -15,13 +15,16 @@
 
 #include "mmfs_views.h"
 
-/* The Python handlers: for paths outside the views, and for reads that fail
- * (so that the daemon's log says why). */
+/* The Python handlers: for paths outside the views, and for a read of a
+ * view's file that failed. read_failed gets the whole case once: which file
+ * of which view, the C core's code (mmfs_last_error still holds the file,
+ * byte and reason), the request; it logs one line and returns -EIO. */
 typedef struct {
     int (*getattr)(const char *path, void *st);
     int (*fgetattr)(const char *path, void *st, void *fi);
     int (*read)(const char *path, char *buf, size_t size, int64_t offset, void *fi);
     int (*readdir)(const char *path, void *buf, void *filler, int64_t offset, void *fi);
+    int (*read_failed)(int32_t view, int64_t file, int64_t rc, size_t size, int64_t offset);
 } mmfs_fuse_fallback;
 
 /* Serve views[0..n) (kept by the caller for the whole mount) with files owned

@@ -180,6 +180,10 @@ def test_a_dataset_rewritten_under_the_mount_gives_eio_not_a_dead_daemon(tmp_pat
         if pread:
             log = m.log.read_text()
             assert os.path.realpath(ds.bin_path) in log and "changed since the mount" in log
+            # one line per failed read, from the C handler's one hand-over: the file,
+            # which sample of which dataset, the request
+            line = next(x for x in log.splitlines() if "changed since the mount" in x)
+            assert "/train/samples/" in line and "its sample" in line and "(a read of" in line
         os.truncate(ds.idx_path, 100)
         os.truncate(cache, 10)
         for path in (samples / "0000500.bin", samples / "0000600.bin",

@@ -36,7 +36,9 @@ import fuse as fusepy
 
 from mmfs.errors import MmfsError, MountError
 from mmfs.mount.latency import LatencyGuard
+from mmfs.mount.options import MountOptions
 from mmfs.mount.tree import DIR_MODE, FILE_MODE, LINK_MODE, Dir, Tree
+from mmfs.mount.views import read_failure
 from mmfs.native import check, ffi, lib
 
 log = logging.getLogger(__name__)
@@ -61,15 +63,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "subtype": "mmfs",
 }
 
-# mmfs's own -o options (the rest go to libfuse).
-MMFS_OPTIONS = ("threads", "low_latency", "map_limit_mb", "nothreads", "foreground")
-
 STAT_SIZE = ctypes.sizeof(fusepy.c_stat)
-
-# Index and token files the daemon keeps in memory, at most (the smallest
-# first); it reads the rest with pread, so its resident memory stays flat
-# whatever the config's size. `-o map_limit_mb=N`.
-DEFAULT_MAP_LIMIT_MB = 64
 
 
 def _erofs(*_args: Any) -> None:
@@ -166,6 +160,9 @@ class Daemon(fusepy.FUSE):
             "read": prototypes["read"](self.read),
             "readdir": prototypes["readdir"](self.readdir),
         }
+        python["read_failed"] = ctypes.CFUNCTYPE(
+            ctypes.c_int, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_size_t, ctypes.c_int64,
+        )(self.read_failed)
         fallback = ffi.new("mmfs_fuse_fallback *")
         for name, thunk in python.items():
             setattr(fallback, name, ffi.cast(ffi.typeof(getattr(fallback, name)),
@@ -216,6 +213,17 @@ class Daemon(fusepy.FUSE):
             ts.tv_sec = sec
             ts.tv_nsec = nsec
         return st
+
+    def read_failed(self, view: int, file: int, rc: int, size: int, offset: int) -> int:
+        """A view's file the C handler could not read, handed over once: one log
+        line (the C core's own account of the file, byte and reason, and which
+        sample or document it was), EIO."""
+        try:
+            log.error("%s (a read of %d bytes at %d)",
+                      read_failure(self._tree.registry.views[view], file, rc), size, offset)
+        except Exception:  # never 0 (end of file) for a failed read
+            log.exception("read of file %d of view %d failed (code %d)", file, view, rc)
+        return -errno.EIO
 
     def read(self, path: bytes, buf: Any, size: int, offset: int, fip: Any) -> int:
         name = path.decode("utf-8", "surrogateescape")
@@ -302,50 +310,24 @@ def check_table(table: Any, fusepy_version: str | None = None) -> None:
                              f"{name} (at byte {declared}, expected {offset}); {fix}")
 
 
-def parse_options(text: str) -> dict[str, Any]:
-    """`-o a=b,c` -> {"a": "b", "c": True}."""
-    options: dict[str, Any] = {}
-    for item in filter(None, (s.strip() for s in (text or "").split(","))):
-        key, sep, value = item.partition("=")
-        options[key] = value if sep else True
-    return options
-
-
-def take_map_limit(options: dict[str, Any]) -> int:
-    """Pop mmfs's `-o map_limit_mb=N` (MB of files the daemon keeps in memory)."""
-    value = options.pop("map_limit_mb", DEFAULT_MAP_LIMIT_MB)
-    try:
-        limit = int(value)
-    except (TypeError, ValueError):
-        limit = -1
-    if limit < 0:
-        raise MountError(f"-o map_limit_mb={value}: give a whole number of megabytes (0 or more)")
-    return limit
-
-
-def serve(tree: Tree, mountpoint: str, options: dict[str, Any] | None = None) -> None:
+def serve(tree: Tree, mountpoint: str, options: MountOptions | None = None) -> None:
     """Mount `tree` on `mountpoint` and answer requests until it is unmounted
     (fusermount -u, SIGINT, SIGTERM). Runs in the calling process.
 
-    `options` are libfuse mount options on top of DEFAULT_OPTIONS, plus mmfs's
-    own `threads` (fusepy's multithreaded loop instead of the single thread,
-    which is faster here, see README.md) and `low_latency` (keep idle CPUs
-    polling while requests flow, see latency.py; off unless asked).
-    `map_limit_mb` acts when the corpus is opened (take_map_limit)."""
+    `options.fuse` are libfuse mount options on top of DEFAULT_OPTIONS;
+    `map_limit_mb` acted when the corpus was opened."""
+    options = options or MountOptions()
     opts = dict(DEFAULT_OPTIONS)
-    opts.update(options or {})
-    own = {key: opts.pop(key) for key in MMFS_OPTIONS if key in opts}
-    if opts.get("rw"):
-        raise MountError("mmfs mounts are read-only; drop `-o rw`")
+    opts.update(options.fuse)
     # The source column of `mount`/`df`: "mmfs:<config file name>".
     name = os.path.basename(str(getattr(tree.corpus, "config_path", "") or "")) or "config"
     opts.setdefault("fsname", "mmfs:" + "".join(c if c.isalnum() or c in "._-" else "_" for c in name))
     placer = getattr(tree.corpus, "placer", None)
     if placer is not None:
         placer.load()  # in this process: copies of the small index arrays, no maps
-    threads = bool(own.get("threads"))
+    threads = options.threads
     log.info("serving %s (%s loop)", mountpoint, "multithreaded" if threads else "single-thread")
-    guard = LatencyGuard(enabled=bool(own.get("low_latency")))
+    guard = LatencyGuard(enabled=options.low_latency)
     try:
         Daemon(Operations(tree)).serve(mountpoint, ["-f"] + ([] if threads else ["-s"]), opts)
     finally:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmfs.errors import MmfsError, MountError
+from mmfs.mount.options import MountOptions, parse_mount_options
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ def _why_it_exited(log_path: str) -> str:
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ mmfs\[\d+\] [A-Z]+ ")
 
 
-def _daemon_main(tree: Any, mountpoint: str, options: dict[str, Any], log_fd: int, level: int) -> int:
+def _daemon_main(tree: Any, mountpoint: str, options: MountOptions, log_fd: int, level: int) -> int:
     """Body of the forked daemon: detach, log to the file, serve."""
     from mmfs.mount.fuse import serve
 
@@ -198,7 +199,7 @@ def _daemon_main(tree: Any, mountpoint: str, options: dict[str, Any], log_fd: in
 
 
 def spawn_daemon(
-    tree: Any, mountpoint: str, options: dict[str, Any], log_path: str, level: int = logging.INFO
+    tree: Any, mountpoint: str, options: MountOptions, log_path: str, level: int = logging.INFO
 ) -> int:
     """Fork a daemon serving `tree` on `mountpoint`; return its pid."""
     try:
@@ -252,19 +253,16 @@ def wait_until_mounted(mountpoint: str, pid: int, log_path: str, timeout: float 
 def mount_command(args: argparse.Namespace) -> int:
     """`mmfs mount CONFIG MOUNTPOINT [-f] [-o OPTIONS] [--log FILE]`."""
     from mmfs.megatron import open_corpus_for_serving
-    from mmfs.mount.fuse import parse_options, serve, take_map_limit
+    from mmfs.mount.fuse import serve
     from mmfs.mount.tree import Tree
 
     mountpoint = os.path.abspath(args.mountpoint)
-    options = parse_options(args.options)
-    if options.get("rw"):
-        raise MountError("mmfs mounts are read-only; drop `-o rw`")
-    map_limit_mb = take_map_limit(options)
-    check_mount_point(mountpoint, allow_nonempty=bool(options.get("nonempty")))
+    options = parse_mount_options(args.options)
+    check_mount_point(mountpoint, allow_nonempty=options.nonempty)
     quiet = bool(getattr(args, "quiet", False))
-    tree = Tree(open_corpus_for_serving(args.config, progress=not quiet, map_limit_mb=map_limit_mb))
+    tree = Tree(open_corpus_for_serving(args.config, progress=not quiet, map_limit_mb=options.map_limit_mb))
     # Someone may have mounted there while the indices were built.
-    check_mount_point(mountpoint, allow_nonempty=bool(options.get("nonempty")))
+    check_mount_point(mountpoint, allow_nonempty=options.nonempty)
 
     if args.foreground:
         log.info("serving %s on %s; Ctrl-C or `mmfs umount %s` unmounts", args.config, mountpoint, mountpoint)

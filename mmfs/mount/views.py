@@ -135,5 +135,6 @@ class Registry:
 def read_failure(view: View, i: int, rc: int) -> str:
     """One line on why file i of view could not be read: the C core's code and
     what it was doing (the file, the sequence, the byte offset)."""
+    detail = error_detail(rc)  # first: describe_file may call the C core again
     where = view.describe_file(i) if view.describe_file is not None else ""
-    return f"{view.path}/{view.name(i)}{where}: {error_detail(rc)}"
+    return f"{view.path}/{view.name(i)}{where}: {detail}"

@@ -547,12 +547,12 @@ def temporary_mount(config: str, options: str = "") -> Iterator[tuple[str, int]]
     """Mount `config` (as `mmfs mount` does, with `-o options`) in a temporary
     directory; yields (mount point, daemon pid) and unmounts afterwards."""
     from mmfs.megatron import open_corpus_for_serving
-    from mmfs.mount.fuse import parse_options, take_map_limit
     from mmfs.mount.lifecycle import spawn_daemon, unmount, wait_until_mounted
+    from mmfs.mount.options import parse_mount_options
     from mmfs.mount.tree import Tree
 
-    mount_options = parse_options(options)
-    tree = Tree(open_corpus_for_serving(config, map_limit_mb=take_map_limit(mount_options)))
+    mount_options = parse_mount_options(options)
+    tree = Tree(open_corpus_for_serving(config, map_limit_mb=mount_options.map_limit_mb))
     tmp = tempfile.mkdtemp(prefix="mmfs-bench-")
     mount = os.path.join(tmp, "mnt")
     os.mkdir(mount)

@@ -1,0 +1,73 @@
+"""`mmfs mount -o ...`, parsed and checked once: mmfs's own options, typed, and
+the rest, which go to libfuse as given (libfuse names what it refuses)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mmfs.errors import MountError
+
+# Index and token files the daemon keeps in memory, at most (the smallest
+# first); it reads the rest with pread, so its resident memory stays flat
+# whatever the config's size.
+DEFAULT_MAP_LIMIT_MB = 64
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    """threads:      fusepy's multithreaded loop instead of the single thread
+                     (slower here; see docs/benchmarks.md)
+    low_latency:     keep idle CPUs polling while requests flow (latency.py)
+    map_limit_mb:    MB of index and token files the daemon keeps in memory
+    nonempty:        mount over a non-empty folder (also passed to libfuse)
+    fuse:            every other option, for libfuse: {name: value, or True}"""
+
+    threads: bool = False
+    low_latency: bool = False
+    map_limit_mb: int = DEFAULT_MAP_LIMIT_MB
+    nonempty: bool = False
+    fuse: dict[str, Any] = field(default_factory=dict)
+
+
+# mmfs's own flags; `nothreads` and `foreground` are accepted (and dropped) for
+# the command lines of fusepy's own examples.
+_FLAGS = ("threads", "low_latency", "nothreads", "foreground")
+
+
+def _flag(key: str, value: str | bool) -> bool:
+    if value is True or str(value).lower() in _TRUE:
+        return True
+    if str(value).lower() in _FALSE:
+        return False
+    raise MountError(f"-o {key}={value}: give {key} alone, or {key}=1 / {key}=0")
+
+
+def parse_mount_options(text: str | None) -> MountOptions:
+    """`-o a=b,c` -> MountOptions; a bad option is one line naming it."""
+    own: dict[str, Any] = {}
+    fuse: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        value = value if sep else True
+        if not key:
+            raise MountError(f"-o {item}: an option needs a name before '='")
+        if key in _FLAGS:
+            own[key] = _flag(key, value)
+        elif key == "map_limit_mb":
+            try:
+                own[key] = int(value) if value is not True else -1
+            except ValueError:
+                own[key] = -1
+            if own[key] < 0:
+                raise MountError(f"-o map_limit_mb={'' if value is True else value}: give a whole number "
+                                 "of megabytes (0 or more)")
+        elif key == "rw":
+            raise MountError("mmfs mounts are read-only; drop `-o rw`")
+        else:
+            fuse[key] = value
+    return MountOptions(threads=own.get("threads", False), low_latency=own.get("low_latency", False),
+                        map_limit_mb=own.get("map_limit_mb", DEFAULT_MAP_LIMIT_MB),
+                        nonempty=fuse.get("nonempty") is True, fuse=fuse)
