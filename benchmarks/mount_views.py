@@ -33,7 +33,9 @@ import numpy as np
 
 from mmfs.formats.writer import write_index
 from mmfs.megatron import open_corpus
-from mmfs.tools.bench import read_files, read_through, run_parallel, single_threaded_libraries, temporary_mount
+from mmfs.mount.contract import file_name, name_width, sample_dir
+from mmfs.mount.lifecycle import temporary_mount
+from mmfs.tools.harness import read_files, read_through, run_parallel, single_threaded_libraries
 
 SLICES = 5
 
@@ -128,8 +130,8 @@ def preads_per_piece(config: str, samples: int) -> None:
     ids = range(100, 100 + samples)
     pieces = sum(len(split.provenance(i)[1]) for i in ids)
     with temporary_mount(config, "map_limit_mb=0") as (mount, pid):
-        base = os.path.join(mount, "train", "samples")
-        names = [f"{i:07d}.bin" for i in ids]
+        base = os.path.join(mount, sample_dir("train").lstrip("/"))
+        names = [file_name(i, name_width(len(split))) for i in ids]
         fds = {int(fd): os.path.basename(os.readlink(f"/proc/{pid}/fd/{fd}"))
                for fd in os.listdir(f"/proc/{pid}/fd")}
         out = tempfile.NamedTemporaryFile(suffix=".strace", delete=False).name

@@ -7,7 +7,7 @@ import json
 from golden_cases import write_case_config
 from mmfs.config.schema import load_config
 from mmfs.formats import open_dataset
-from mmfs.tools.bench import make_data
+from mmfs.tools.bench_data import make_data
 from mount_fixtures import is_mounted, mmfs, mounted
 
 

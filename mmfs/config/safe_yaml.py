@@ -22,7 +22,6 @@ MAX_CONFIG_BYTES = 2 << 20  # a blend of 32,766 datasets (Megatron's most) fits
 MAX_DEPTH = 64  # a config nests four or five levels
 MAX_ALIAS_EXPANSION = 100_000  # values aliases may add beyond those written out
 MAX_INT_DIGITS = 4300  # Python's own limit for int <-> str conversion
-PLAIN_TYPES = (dict, list, str, int, float, bool, type(None))
 
 _short = reprlib.Repr()
 _short.maxstring = 60

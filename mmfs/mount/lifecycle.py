@@ -11,6 +11,7 @@ is unmounted (`mmfs umount`, fusermount -u, SIGINT or SIGTERM).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import hashlib
 import logging
@@ -21,7 +22,9 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -320,3 +323,30 @@ def umount_command(args: argparse.Namespace) -> int:
     if not getattr(args, "quiet", False):
         print(f"mmfs: unmounted {os.path.abspath(args.mountpoint)}")
     return 0
+
+
+@contextlib.contextmanager
+def temporary_mount(config: str, options: str = "") -> Iterator[tuple[str, int]]:
+    """Mount `config` (as `mmfs mount` does, with `-o options`) in a temporary
+    directory; yields (mount point, daemon pid) and unmounts afterwards (for
+    benchmarks)."""
+    from mmfs.megatron import open_corpus_for_serving
+    from mmfs.mount.tree import Tree
+
+    mount_options = parse_mount_options(options)
+    tree = Tree(open_corpus_for_serving(config, map_limit_mb=mount_options.map_limit_mb))
+    tmp = tempfile.mkdtemp(prefix="mmfs-bench-")
+    mount = os.path.join(tmp, "mnt")
+    os.mkdir(mount)
+    log_path = os.path.join(tmp, "daemon.log")
+    pid = spawn_daemon(tree, mount, mount_options, log_path)
+    try:
+        wait_until_mounted(mount, pid, log_path)
+        yield mount, pid
+    finally:
+        try:
+            unmount(mount)
+        except MmfsError as exc:
+            log.warning("%s", exc)
+        os.waitpid(pid, 0)
+        shutil.rmtree(tmp, ignore_errors=True)
