@@ -16,7 +16,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--append-eod", action="store_true", help="end each non-empty document with eod")
     p.add_argument("--workers", type=int, default=1, help="tokenizer processes (default 1)")
     p.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES,
-                   help="HuggingFaceTokenizer (needs mmfs[preprocess]) or ByteLevel (byte = token, eod 256)")
-    p.add_argument("--tokenizer-model", help="Hugging Face tokenizer folder or tokenizer.json")
+                   help="Megatron's tokenizer types, or ByteLevel (byte = token, eod 256)")
+    p.add_argument("--tokenizer-model", help="Hugging Face tokenizer folder or tokenizer.json; "
+                   "SentencePiece tokenizer.model; TikToken rank file (JSON)")
+    p.add_argument("--vocab-file", help="GPT2BPETokenizer: vocab.json")
+    p.add_argument("--merge-file", help="GPT2BPETokenizer: merges.txt")
+    p.add_argument("--vocab-size", type=int, help="NullTokenizer's vocabulary; TikTokenizer's (default 131072)")
+    p.add_argument("--tiktoken-pattern", choices=("v1", "v2"), help="TikTokenizer's split pattern (default v2)")
+    p.add_argument("--partitions", type=int, default=1,
+                   help="as Megatron's; with --keep-sequential-samples the output equals one partition's")
+    p.add_argument("--keep-sequential-samples", action="store_true",
+                   help="keep the input order across partitions (mmfs always does)")
+    p.add_argument("--log-interval", type=int, default=1000,
+                   help="documents between progress lines when stderr is not a terminal (default 1000)")
+    p.add_argument("--split-sentences", action="store_true", help="not supported: refused with a message")
+    p.add_argument("--keep-newlines", action="store_true",
+                   help="only changes sentence splitting in Megatron's tool; accepted, no effect without it")
+    p.add_argument("--lang", default="english", help="the sentence splitter's language (with --split-sentences)")
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="skip lines that are not JSON objects with the keys, and count them")

@@ -17,7 +17,13 @@ from mmfs.formats.dtypes import optimal_dtype
 from mmfs.formats.writer import IndexedDatasetWriter
 from mmfs.tools.preprocess import pipeline
 from mmfs.tools.preprocess.source import open_input, read_chunks
-from mmfs.tools.preprocess.tokenizer import BYTE_LEVEL, Tokenizer, TokenizerSpec
+from mmfs.tools.preprocess.tokenizer import (
+    BYTE_LEVEL,
+    GPT2_BPE,
+    NULL,
+    TIKTOKEN,
+    TokenizerSpec,
+)
 
 log = logging.getLogger("mmfs")
 
@@ -26,8 +32,9 @@ class Progress:
     """A progress bar (for an uncompressed input, whose size is known) with documents/s
     and MB/s on stderr, redrawn in place when stderr is a terminal."""
 
-    def __init__(self, enabled: bool, total_bytes: int | None = None) -> None:
+    def __init__(self, enabled: bool, total_bytes: int | None = None, log_interval: int = 0) -> None:
         self.enabled = enabled
+        self.log_interval = log_interval  # documents between lines when not redrawing (0: none)
         self.total = total_bytes
         self.start = time.monotonic()
         self.shown = 0.0
@@ -40,7 +47,11 @@ class Progress:
                 f"({self.documents / secs:,.0f} documents/s, {self.nbytes / 1e6 / secs:.2f} MB/s{skipped})")
 
     def __call__(self, result: pipeline.ChunkResult) -> None:
+        before = self.documents
         self.documents += result.documents
+        if not self.enabled and self.log_interval and \
+                before // self.log_interval != self.documents // self.log_interval:
+            log.info("%s", self.line())
         self.skipped += result.skipped
         self.nbytes += result.nbytes
         now = time.monotonic()
@@ -57,15 +68,37 @@ class Progress:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
-def _load_tokenizer(args: argparse.Namespace) -> tuple[TokenizerSpec, Tokenizer]:
-    if args.tokenizer_type == BYTE_LEVEL:
-        spec = TokenizerSpec(BYTE_LEVEL)
-    else:
-        if not args.tokenizer_model:
-            raise PreprocessError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model "
-                                  "(a tokenizer folder or tokenizer.json)")
-        spec = TokenizerSpec(args.tokenizer_type, os.path.abspath(args.tokenizer_model))
-    return spec, spec.load()
+def _absolute(path: str | None) -> str | None:
+    return None if path is None else os.path.abspath(path)
+
+
+def tokenizer_spec(args: argparse.Namespace) -> TokenizerSpec:
+    """The tokenizer Megatron's flags name, with each type's required flags checked."""
+    kind = args.tokenizer_type
+    needs = {GPT2_BPE: ("vocab_file", "merge_file"), NULL: ("vocab_size",), BYTE_LEVEL: ()}.get(
+        kind, ("tokenizer_model",))
+    for name in needs:
+        if getattr(args, name) is None:
+            raise PreprocessError(f"--tokenizer-type {kind} needs --{name.replace('_', '-')}")
+    if args.tiktoken_pattern and kind != TIKTOKEN:
+        raise PreprocessError(f"--tiktoken-pattern is for TikTokenizer, not {kind}")
+    return TokenizerSpec(kind, _absolute(args.tokenizer_model), _absolute(args.vocab_file),
+                         _absolute(args.merge_file), args.vocab_size, args.tiktoken_pattern)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Megatron's flags mmfs cannot honour, each refused in one line."""
+    if args.split_sentences:
+        raise PreprocessError("--split-sentences: mmfs preprocess does not split sentences; run Megatron's "
+                              "tools/preprocess_data.py for *_sentence outputs")
+    if args.partitions < 1:
+        raise PreprocessError(f"--partitions {args.partitions}: give 1 or more")
+    if args.partitions > 1 and not args.keep_sequential_samples:
+        raise PreprocessError(f"--partitions {args.partitions}: without --keep-sequential-samples Megatron "
+                              "deals lines round-robin to partitions (a reordered output), which mmfs does not "
+                              "reproduce; add --keep-sequential-samples (the same output as one partition)")
+    if args.log_interval < 1:
+        raise PreprocessError(f"--log-interval {args.log_interval}: give 1 or more")
 
 
 def _check_output(prefix: str) -> None:
@@ -90,14 +123,16 @@ def preprocess_command(args: argparse.Namespace) -> int:
         raise PreprocessError(f"--workers {args.workers}: give 1 or more")
     if len(set(args.json_keys)) != len(args.json_keys):
         raise PreprocessError(f"--json-keys {' '.join(args.json_keys)}: a key is given twice")
+    _check_flags(args)
     _check_output(args.output_prefix)
-    spec, tokenizer = _load_tokenizer(args)
+    spec = tokenizer_spec(args)
+    tokenizer = spec.load()
     if args.append_eod and tokenizer.eod is None:
-        raise PreprocessError(f"{args.tokenizer_model}: the tokenizer has no eos (or sep) token for "
+        raise PreprocessError(f"{tokenizer.name}: the tokenizer has no eos (or sep) token for "
                               "--append-eod; set eos_token in tokenizer_config.json or drop --append-eod")
     dtype = optimal_dtype(tokenizer.vocab_size)
     if tokenizer.max_id > np.iinfo(dtype).max:
-        raise PreprocessError(f"{args.tokenizer_model}: token id {tokenizer.max_id} does not fit {dtype.name}, "
+        raise PreprocessError(f"{tokenizer.name}: token id {tokenizer.max_id} does not fit {dtype.name}, "
                               f"the dtype Megatron picks for a vocabulary of {tokenizer.vocab_size}; "
                               "the tokenizer's ids have gaps, renumber them")
     stream = open_input(args.input)
@@ -109,7 +144,8 @@ def preprocess_command(args: argparse.Namespace) -> int:
     writers: dict[str, IndexedDatasetWriter] = {}
     compressed = args.input.endswith((".gz", ".zst"))
     progress = Progress(enabled=sys.stderr.isatty() and log.isEnabledFor(logging.INFO),
-                        total_bytes=None if compressed else os.path.getsize(args.input))
+                        total_bytes=None if compressed else os.path.getsize(args.input),
+                        log_interval=args.log_interval)
     try:
         for key, (bin_tmp, _) in temps.items():
             writers[key] = IndexedDatasetWriter(bin_tmp, dtype=dtype)

@@ -1,5 +1,6 @@
-"""Tokenizers for `mmfs preprocess`: Hugging Face's (through the `tokenizers`
-package, as megatron-core's HuggingFaceTokenizer sees it) and a built-in byte-level one.
+"""Tokenizers for `mmfs preprocess`: every type Megatron's tools/preprocess_data.py takes
+(HuggingFace here; GPT2BPE, SentencePiece (and its GPT and Llama2 names), TikToken in
+their own modules; Null here) and a built-in byte-level one.
 
 Both turn a batch of texts into one flat token array plus one length per text, so a
 worker converts a whole chunk of documents without a Python loop per token.
@@ -28,7 +29,11 @@ from mmfs.errors import PreprocessError
 
 BYTE_LEVEL = "ByteLevel"
 HUGGING_FACE = "HuggingFaceTokenizer"
-TOKENIZER_TYPES = (HUGGING_FACE, BYTE_LEVEL)
+GPT2_BPE = "GPT2BPETokenizer"
+SENTENCEPIECE_TYPES = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
+TIKTOKEN = "TikTokenizer"
+NULL = "NullTokenizer"
+TOKENIZER_TYPES = (HUGGING_FACE, GPT2_BPE, *SENTENCEPIECE_TYPES, TIKTOKEN, NULL, BYTE_LEVEL)
 
 # The byte-level tokenizer of `make demo` (mmfs/tools/demo.py): token = UTF-8 byte, EOD = 256.
 BYTE_EOD = 256
@@ -39,15 +44,45 @@ _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token
 
 @dataclass(frozen=True)
 class TokenizerSpec:
-    """What a worker needs to load the tokenizer itself (small and picklable)."""
+    """What a worker needs to load the tokenizer itself (small and picklable): Megatron's
+    --tokenizer-type, --tokenizer-model, --vocab-file, --merge-file, --vocab-size and
+    --tiktoken-pattern."""
 
     kind: str
     path: str | None = None
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    vocab_size: int | None = None
+    tiktoken_pattern: str | None = None
 
     def load(self) -> Tokenizer:
         if self.kind == BYTE_LEVEL:
             return ByteLevelTokenizer()
+        if self.kind == NULL:
+            return NullTokenizer(self.vocab_size or 0)
+        if self.kind == GPT2_BPE:
+            from mmfs.tools.preprocess.tokenizer_gpt2 import GPT2BPETokenizer
+            return GPT2BPETokenizer(self.vocab_file or "", self.merge_file or "")
+        if self.kind in SENTENCEPIECE_TYPES:
+            from mmfs.tools.preprocess.tokenizer_sentencepiece import SentencePieceTokenizer
+            return SentencePieceTokenizer(self.path or "")
+        if self.kind == TIKTOKEN:
+            from mmfs.tools.preprocess.tokenizer_tiktoken import TikTokenizer
+            return TikTokenizer(self.path or "", self.vocab_size, self.tiktoken_pattern)
         return HuggingFaceTokenizer(self.path or "")
+
+
+def eod_and_pad(spec: TokenizerSpec) -> tuple[int | None, int | None]:
+    """The eod and pad ids Megatron's tokenizer of this spec gives (None: it has none)."""
+    tokenizer = spec.load()
+    return tokenizer.eod, tokenizer.pad
+
+
+def flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-text id lists as (all ids back to back as int64, the number of ids of each text)."""
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+    return tokens, lengths
 
 
 class Tokenizer:
@@ -56,11 +91,33 @@ class Tokenizer:
     name: str
     vocab_size: int
     eod: int | None
+    pad: int | None = None
     max_id: int
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(all ids back to back as int64, the number of ids of each text)."""
         raise NotImplementedError
+
+
+class NullTokenizer(Tokenizer):
+    """megatron-core's NullTokenizer: a text is ids separated by single spaces (Python's
+    int() of each part), eod is vocab_size - 1, no pad."""
+
+    def __init__(self, vocab_size: int) -> None:
+        if vocab_size < 1:
+            raise PreprocessError("NullTokenizer needs --vocab-size (1 or more)")
+        self.name = f"null (vocabulary {vocab_size})"
+        self.vocab_size = vocab_size
+        self.eod = vocab_size - 1
+        self.max_id = vocab_size - 1
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids = [[int(part) for part in text.split(" ")] for text in texts]
+        tokens, lengths = flatten(ids)
+        if tokens.size and (tokens.min() < 0 or tokens.max() > self.max_id):
+            raise ValueError(f"id {tokens.min() if tokens.min() < 0 else tokens.max()} is outside the "
+                             f"vocabulary of {self.vocab_size}")
+        return tokens, lengths
 
 
 class ByteLevelTokenizer(Tokenizer):
@@ -145,11 +202,10 @@ class HuggingFaceTokenizer(Tokenizer):
         self.name = path
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self.eod = tok.token_to_id(eos.content) if eos is not None else None
+        pad = specials["pad_token"]
+        self.pad = tok.token_to_id(pad.content) if pad is not None else None
         self.max_id = max(tok.get_vocab(with_added_tokens=True).values(), default=0)
         self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        ids = [e.ids for e in self._encode(texts, add_special_tokens=True)]
-        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
-        return tokens, lengths
+        return flatten([e.ids for e in self._encode(texts, add_special_tokens=True)])
