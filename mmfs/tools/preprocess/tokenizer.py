@@ -21,11 +21,11 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
 from mmfs.errors import PreprocessError
+from mmfs.tools.preprocess.tokenizer_base import Tokenizer, flatten
 
 BYTE_LEVEL = "ByteLevel"
 HUGGING_FACE = "HuggingFaceTokenizer"
@@ -76,27 +76,6 @@ def eod_and_pad(spec: TokenizerSpec) -> tuple[int | None, int | None]:
     """The eod and pad ids Megatron's tokenizer of this spec gives (None: it has none)."""
     tokenizer = spec.load()
     return tokenizer.eod, tokenizer.pad
-
-
-def flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-text id lists as (all ids back to back as int64, the number of ids of each text)."""
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
-    return tokens, lengths
-
-
-class Tokenizer:
-    """The interface the pipeline uses."""
-
-    name: str
-    vocab_size: int
-    eod: int | None
-    pad: int | None = None
-    max_id: int
-
-    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(all ids back to back as int64, the number of ids of each text)."""
-        raise NotImplementedError
 
 
 class NullTokenizer(Tokenizer):

@@ -11,7 +11,7 @@ import json
 import numpy as np
 
 from mmfs.errors import PreprocessError
-from mmfs.tools.preprocess.tokenizer import Tokenizer, flatten
+from mmfs.tools.preprocess.tokenizer_base import Tokenizer, flatten
 
 ENDOFTEXT = "<|endoftext|>"
 

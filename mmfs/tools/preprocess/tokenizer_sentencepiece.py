@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmfs.errors import PreprocessError
-from mmfs.tools.preprocess.tokenizer import Tokenizer, flatten
+from mmfs.tools.preprocess.tokenizer_base import Tokenizer, flatten
 
 
 class SentencePieceTokenizer(Tokenizer):
