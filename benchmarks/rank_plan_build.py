@@ -4,7 +4,7 @@
 
 Builds the config's indices from scratch (its cache_dir is emptied first, so use a
 config whose cache you can lose), then plans every split for each sampler kind
-(samplers.plan_ranks: for cyclic, torch's randperm of the bucket). Prints medians
+(rankplan.plan_ranks: for cyclic, torch's randperm of the bucket). Prints medians
 and the plan time as a share of the index build.
 """
 
@@ -17,7 +17,7 @@ import time
 
 from mmfs.config.schema import load_config
 from mmfs.megatron import open_corpus
-from mmfs.megatron.samplers import plan_ranks
+from mmfs.megatron.rankplan import plan_ranks
 
 KINDS = {"single": ("single", True), "cyclic sharded": ("cyclic", True), "cyclic unsharded": ("cyclic", False)}
 

@@ -657,12 +657,12 @@ int mmfs_microbatch_ids(const mmfs_rank_plan *p, int64_t rank, int64_t j, int64_
     int64_t mbs = p->micro_batch_size, dp = p->data_parallel_size;
     if (rank < 0 || rank >= dp || j < 0 || j >= p->files_per_rank) return MMFS_E_ARG;
     if (p->kind == MMFS_PLAN_SINGLE) {
-        for (int64_t m = 0; m < mbs; ++m) out[m] = (j * dp + rank) * mbs + m;
+        for (int64_t m = 0; m < mbs; ++m) out[m] = p->start + (j * dp + rank) * mbs + m;
         return MMFS_OK;
     }
     if (p->kind != MMFS_PLAN_SHARDED && p->kind != MMFS_PLAN_UNSHARDED) return MMFS_E_ARG;
     for (int64_t m = 0; m < mbs; ++m) {
-        int64_t at = p->kind == MMFS_PLAN_SHARDED ? j * mbs + m : (j * mbs + m) * dp + rank, v;
+        int64_t at = p->start + (p->kind == MMFS_PLAN_SHARDED ? j * mbs + m : (j * mbs + m) * dp + rank), v;
         int rc = array_int(&p->permutation, at, &v);
         if (rc < 0) return rc;
         out[m] = p->kind == MMFS_PLAN_SHARDED ? rank * p->bucket_size + v : v;

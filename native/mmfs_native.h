@@ -127,11 +127,13 @@ typedef struct {
     mmfs_array bounds;
 } mmfs_documents;
 
-/* The rank views' plan of one split (mmfs/sampling/samplers.py, RankPlan):
- * file j of data-parallel rank r holds the samples, for m in 0..mbs-1,
- *   single:    j*mbs*dp + r*mbs + m
- *   sharded:   r*bucket_size + permutation[j*mbs + m]
- *   unsharded: permutation[(j*mbs + m)*dp + r] */
+/* A plan of micro-batch files of one split (mmfs/megatron/rankplan.py,
+ * RankPlan): file j of data-parallel rank r holds the samples, for m in 0..mbs-1,
+ *   single:    start + j*mbs*dp + r*mbs + m
+ *   sharded:   r*bucket_size + permutation[start + j*mbs + m]
+ *   unsharded: permutation[start + (j*mbs + m)*dp + r]
+ * (start is 0 for the rank views; a stream resumed at consumed_samples C
+ * starts later in the split or in its epoch's permutation). */
 #define MMFS_PLAN_SINGLE 0
 #define MMFS_PLAN_SHARDED 1
 #define MMFS_PLAN_UNSHARDED 2
@@ -140,9 +142,10 @@ typedef struct {
     int32_t kind;               /* MMFS_PLAN_* */
     int64_t micro_batch_size;
     int64_t data_parallel_size;
-    int64_t files_per_rank;     /* the same for every rank */
+    int64_t files_per_rank;     /* the most files of a rank (rank 0's) */
+    int64_t start;              /* see above */
     int64_t bucket_size;        /* entries in permutation (0 for single) */
-    mmfs_array permutation;     /* randperm(bucket_size) of epoch 0; count 0 for single */
+    mmfs_array permutation;     /* randperm(bucket_size) of the epoch; count 0 for single */
 } mmfs_rank_plan;
 
 /* out[0..micro_batch_size) = the sample ids of file j of rank r. */

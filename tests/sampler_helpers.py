@@ -1,5 +1,5 @@
 """What only the sampler tests use: Megatron's training loop over the sampler
-port, a whole rank's files at once, and torch's large-n randperm at any n."""
+port and torch's large-n randperm at any n."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from mmfs.megatron.samplers import RandomSampler, RankPlan, SamplerError, microbatch_ids, single_sampler
+from mmfs.megatron.samplers import RandomSampler, SamplerError, single_sampler
 from mmfs.native import ffi, lib
 
 
@@ -28,12 +28,6 @@ def training_stream(dataloader_type: str, total: int, consumed: int, mbs: int, r
             yield batch
         if count == 0:
             raise SamplerError("the cyclic sampler produced no micro-batch in a pass")
-
-
-def rank_ids(plan: RankPlan, rank: int) -> np.ndarray:
-    """Every file of `rank` at once: int64 [files_per_rank, mbs]."""
-    rows = [microbatch_ids(plan, rank, j) for j in range(plan.files_per_rank)]
-    return np.stack(rows) if rows else np.empty((0, plan.micro_batch_size), dtype=np.int64)
 
 
 def randperm_inside_out(n: int, seed: int) -> np.ndarray:

@@ -13,19 +13,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sampler_helpers import randperm_inside_out, rank_ids, training_stream
+from sampler_helpers import randperm_inside_out, training_stream
 
 from golden_cases import PUBLIC, case_names, load_case
 from mmfs.config.schema import TrainingConfig
-from mmfs.megatron.samplers import (
-    SamplerError,
-    microbatch_ids,
-    mt19937_raw,
-    plan_ranks,
-    randperm,
-    single_sampler,
-    stream_microbatch,
-)
+from mmfs.megatron.randperm import mt19937_raw, randperm
+from mmfs.megatron.rankplan import microbatch_ids, plan_ranks, rank_ids, stream_microbatch
+from mmfs.megatron.samplers import SamplerError, single_sampler
 from mmfs.mount.manifest import describe_training
 from mmfs.native import lib
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from mmfs import __version__
-from mmfs.megatron.samplers import plan_kind
+from mmfs.megatron.rankplan import plan_kind
 from mmfs.mount.contract import (
     DOCUMENTS,
     FILE_NAMES,

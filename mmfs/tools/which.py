@@ -7,7 +7,7 @@ global batch [c, c + B) of the split's stream, where c and B follow the training
 block's batch-size schedule (constant: c = (I-1) * global_batch_size); that is
 micro-batches c / (micro_batch_size * data_parallel_size) onwards of every rank,
 B / (micro_batch_size * data_parallel_size) of them. The stream is the one of an
-uninterrupted run from consumed_samples 0 (samplers.stream_microbatch), so it runs
+uninterrupted run from consumed_samples 0 (rankplan.stream_microbatch), so it runs
 on into later epochs of a cyclic sampler."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
-from mmfs.megatron.samplers import plan_ranks, stream_microbatch
+from mmfs.megatron.rankplan import plan_ranks, stream_microbatch
 from mmfs.mount.contract import MANIFEST, file_name, name_width, rank_dir, rank_name_width
 
 

@@ -1,0 +1,239 @@
+"""Compact plans of the micro-batch files the mount serves: which samples file j
+of rank r holds, without per-rank lists, and their C struct (the C reader's
+formula, mmfs_microbatch_ids, is the one copy of it).
+
+The mount (`<split>/ranks/RRR/NNNNNNN.bin`) serves, for each rank, the first
+`files = total // (mbs*dp)` micro-batches the rank reads from consumed_samples 0.
+`RankPlan` describes them without listing them: file j of rank r is
+`microbatch_ids(plan, r, j)` (in C: `mmfs_microbatch_ids` on `native_plan(plan)`,
+native/mmfs_randperm.h). File j is also the first micro-batch Megatron reads
+when it resumes at consumed_samples = j*mbs*dp, for every kind (for unsharded
+cyclic, every rank has at least `files` micro-batches in epoch 0: perm[r::dp] holds
+at least files*mbs ids).
+
+Where Megatron's own resume differs from "read on from file j":
+- cyclic, after the files: epoch 1 uses a new permutation (seed 1), and so on; the
+  files hold epoch 0 only (`stream_microbatch` gives any later micro-batch).
+- cyclic unsharded, when (total // mbs) * mbs > active: in an uninterrupted run a
+  rank whose perm[r::dp] holds more than files*mbs ids reads those extra
+  micro-batches before its next pass, so the ranks' counters drift apart
+  (rank 0 may be in epoch 1 at an offset while rank 1 starts epoch 1 at 0). A
+  job resumed at consumed_samples restarts every rank at the same point and so
+  reads something else after the files than the uninterrupted run did.
+- single: Megatron's iterator ends after the split (no second pass); resuming at
+  consumed_samples >= total is an error in Megatron.
+- valid: Megatron resumes validation at its own consumed_valid_samples; test
+  always starts again at 0.
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mmfs.megatron.arrays import ArrayPlacer
+from mmfs.megatron.randperm import epoch_permutation, index_dtype, randperm
+from mmfs.megatron.samplers import SamplerError
+from mmfs.native import ffi, lib
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One pass of one split's sampler, for every rank, without per-rank lists.
+
+    kind:        "single" | "sharded" | "unsharded"
+    total:       samples in the split
+    micro_batch_size, data_parallel_size
+    files_per_rank: the micro-batches of rank 0 (the most of any rank; the same
+                 for every rank except in an unsharded stream, see files_of)
+    permutation: None for single; else randperm(bucket_size, seed = epoch),
+                 C-contiguous, int32 (int64 above 2**31 - 1 entries), shared by all ranks
+    bucket_size: len(permutation); 0 for single
+    start:       where the pass starts: single, the first sample id; cyclic, the
+                 first index into the permutation (0 for the rank views)
+    epoch:       the epoch of the pass (cyclic; 0 for single)
+    whole_pass:  every rank reads to the end of its pass (a stream); else every
+                 rank has files_per_rank files (the rank views: an unsharded rank
+                 may read a few more before its pass ends)
+    """
+
+    kind: str
+    total: int
+    micro_batch_size: int
+    data_parallel_size: int
+    files_per_rank: int
+    bucket_size: int
+    permutation: np.ndarray | None
+    start: int = 0
+    epoch: int = 0
+    whole_pass: bool = False
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.micro_batch_size * self.data_parallel_size
+
+    def files_of(self, rank: int) -> int:
+        """The micro-batches `rank` reads in this pass."""
+        if self.kind != "unsharded" or not self.whole_pass:
+            return self.files_per_rank
+        # perm[start:][rank::dp], cut to whole micro-batches
+        return len(range(self.start + rank, self.bucket_size, self.data_parallel_size)) // self.micro_batch_size
+
+
+def plan_kind(dataloader_type: str, data_sharding: bool) -> str:
+    if dataloader_type == "single":
+        return "single"
+    if dataloader_type == "cyclic":
+        return "sharded" if data_sharding else "unsharded"
+    raise SamplerError(f"unknown dataloader_type {dataloader_type!r} (single or cyclic)")
+
+
+def plan_ranks(total: int, micro_batch_size: int, data_parallel_size: int,
+               dataloader_type: str = "single", data_sharding: bool = True) -> RankPlan:
+    """The plan of one split (total samples) under the training block's sampler."""
+    mbs, dp = micro_batch_size, data_parallel_size
+    if total < 0 or mbs <= 0 or dp <= 0:
+        raise SamplerError(f"bad plan arguments: total {total}, micro_batch_size {mbs}, data_parallel_size {dp}")
+    kind = plan_kind(dataloader_type, data_sharding)
+    files = total // (mbs * dp)
+    bucket = 0
+    if kind == "sharded":
+        bucket = files * mbs
+    elif kind == "unsharded":
+        bucket = (total // mbs) * mbs
+    permutation = None if kind == "single" else randperm(bucket, 0, index_dtype(bucket))
+    return RankPlan(kind, total, mbs, dp, files, bucket, permutation)
+
+
+def plan_splits(training_cfg: Any, split_lengths: dict[str, int]) -> dict[str, RankPlan]:
+    """The plan of every split under a config's TrainingConfig (config.training);
+    split_lengths: {split: samples}, e.g. from Corpus.splits."""
+    return {
+        split: plan_ranks(int(n), training_cfg.micro_batch_size, training_cfg.data_parallel_size,
+                          training_cfg.dataloader_type, training_cfg.data_sharding)
+        for split, n in split_lengths.items()
+    }
+
+
+_KIND_CODES = {"single": lib.MMFS_PLAN_SINGLE, "sharded": lib.MMFS_PLAN_SHARDED,
+               "unsharded": lib.MMFS_PLAN_UNSHARDED}
+
+
+def native_plan(plan: RankPlan, placer: ArrayPlacer | None = None):
+    """The plan as the C struct `mmfs_rank_plan *` (native/mmfs_native.h), for the
+    C reader of rank files (mmfs_microbatch_ids). The struct points into
+    plan.permutation, placed by `placer` (in memory, or read with pread): keep
+    the plan alive as long as the struct."""
+    c = ffi.new("mmfs_rank_plan *")
+    c.kind = _KIND_CODES[plan.kind]
+    c.micro_batch_size = plan.micro_batch_size
+    c.data_parallel_size = plan.data_parallel_size
+    c.files_per_rank = plan.files_per_rank
+    c.start = plan.start
+    c.bucket_size = plan.bucket_size
+    perm = plan.permutation
+    if perm is not None and perm.size:
+        placed = (placer or ArrayPlacer()).place(c.permutation, perm)
+        if placed is not perm:
+            raise ValueError("plan.permutation must be C-contiguous, native int32 or int64")
+    return c
+
+
+def plan_stream(total: int, micro_batch_size: int, data_parallel_size: int, consumed: int,
+                dataloader_type: str = "single", data_sharding: bool = True) -> RankPlan:
+    """The pass Megatron's sampler makes when it is built with this layout and
+    consumed_samples = `consumed`: to the end of the split (single) or of the
+    current epoch (cyclic). SamplerError where Megatron's sampler asserts."""
+    mbs, dp = micro_batch_size, data_parallel_size
+    if mbs <= 0 or dp <= 0 or total <= 0 or consumed < 0:
+        raise SamplerError(f"bad stream arguments: total {total}, micro_batch_size {mbs}, "
+                           f"data_parallel_size {dp}, consumed_samples {consumed}")
+    kind = plan_kind(dataloader_type, data_sharding)
+    group = mbs * dp
+    if kind == "single":
+        if consumed >= total:
+            raise SamplerError(f"no samples left to consume: consumed_samples {consumed} >= {total} "
+                               "(Megatron's single sampler asserts)")
+        return RankPlan(kind, total, mbs, dp, (total - consumed) // group, 0, None, consumed, 0, True)
+    active = total - total % group
+    if active == 0:
+        raise SamplerError(f"the cyclic sampler over {total} samples needs at least micro_batch_size x "
+                           f"data_parallel_size = {group} (Megatron divides by zero)")
+    epoch, offset = divmod(consumed, active)
+    if offset % group:
+        raise SamplerError(f"consumed_samples {consumed} is {offset} into its epoch, not a multiple of "
+                           f"micro_batch_size x data_parallel_size = {group} (Megatron's cyclic sampler asserts)")
+    if kind == "sharded":
+        bucket = (total // group) * mbs
+        start = offset // dp
+        files = (bucket - start) // mbs
+    else:
+        bucket = (total // mbs) * mbs
+        start = offset
+        files = len(range(start, bucket, dp)) // mbs  # rank 0's, the most
+    return RankPlan(kind, total, mbs, dp, files, bucket, randperm(bucket, epoch, index_dtype(bucket)), start, epoch,
+                    True)
+
+
+def _check_rank(plan: RankPlan, rank: int) -> None:
+    if not 0 <= rank < plan.data_parallel_size:
+        raise SamplerError(f"rank {rank} is not below data_parallel_size {plan.data_parallel_size}")
+
+
+def microbatch_ids(plan: RankPlan, rank: int, j: int) -> np.ndarray:
+    """Sample ids (int64, [mbs]) of micro-batch file j of `rank`, by the C
+    reader's formula (mmfs_microbatch_ids, native/mmfs_native.h: the one copy)."""
+    return rank_ids(plan, rank, j, 1)[0]
+
+
+def rank_ids(plan: RankPlan, rank: int, first: int = 0, count: int | None = None) -> np.ndarray:
+    """Sample ids (int64, [count, mbs]) of `rank`'s files first .. first + count
+    (default: to its last), through the C reader's formula."""
+    _check_rank(plan, rank)
+    files = plan.files_of(rank)
+    count = files - first if count is None else count
+    if not (0 <= first and 0 <= count and first + count <= files):
+        raise SamplerError(f"micro-batches {first}..{first + count - 1} are not below the {files} files "
+                           f"of rank {rank}")
+    out = np.empty((count, plan.micro_batch_size), dtype=np.int64)
+    c = native_plan(plan)
+    for j in range(count):  # one cffi call per file: a plan's files, not a hot path
+        rc = lib.mmfs_microbatch_ids(c, rank, first + j, ffi.cast("int64_t *", out[j].ctypes.data))
+        if rc < 0:
+            raise SamplerError(f"micro-batch {first + j} of rank {rank}: not in the plan (error {rc})")
+    return out
+
+
+# -- any micro-batch of an uninterrupted run -------------------------------------
+
+
+def stream_microbatch(plan: RankPlan, rank: int, n: int) -> tuple[np.ndarray, int] | None:
+    """(ids, epoch) of the n-th micro-batch (0-based) `rank` reads in a run started
+    at consumed_samples 0, as the training loop iterates; None where Megatron's
+    iterator has ended (single, after the split)."""
+    _check_rank(plan, rank)
+    if n < 0:
+        raise SamplerError(f"micro-batch {n} is negative")
+    if n < plan.files_per_rank:
+        return microbatch_ids(plan, rank, n), 0
+    if plan.kind == "single":
+        return None
+    mbs, dp, group = plan.micro_batch_size, plan.data_parallel_size, plan.samples_per_step
+    active = plan.files_per_rank * group
+    if plan.kind == "sharded":  # every pass is a whole epoch of files_per_rank
+        epoch, j = divmod(n, plan.files_per_rank)
+        perm = epoch_permutation(plan.bucket_size, epoch)
+        return rank * plan.bucket_size + perm[j * mbs:(j + 1) * mbs], epoch
+    consumed, remaining = 0, n
+    while True:  # unsharded: passes may end off the epoch boundary (see the module doc)
+        epoch, offset = divmod(consumed, active)
+        count = max(0, -(-(plan.bucket_size - offset - rank) // dp)) // mbs
+        if remaining < count:
+            perm = epoch_permutation(plan.bucket_size, epoch)
+            m = np.arange(mbs, dtype=np.int64)
+            return perm[offset + (remaining * mbs + m) * dp + rank], epoch
+        remaining -= count
+        consumed += count * group
