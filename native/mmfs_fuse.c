@@ -4,6 +4,7 @@
 #include "mmfs_fuse.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -14,6 +15,46 @@ static const mmfs_view *g_views;
 static int32_t g_num_views;
 static uint32_t g_uid, g_gid;
 static mmfs_fuse_fallback g_fallback;
+
+/* Views made while mounted (the stream layouts looked up): a second sorted
+ * table that Python swaps; every handler reads it under the read lock, so the
+ * old table is no longer used once mmfs_fuse_set_dynamic returns. */
+static pthread_rwlock_t g_dyn_lock = PTHREAD_RWLOCK_INITIALIZER;
+static const mmfs_view *g_dyn;
+static int32_t g_num_dyn;
+static int64_t *g_dyn_used;
+static int64_t g_tick;
+
+int64_t mmfs_fuse_tick(void) { return __atomic_add_fetch(&g_tick, 1, __ATOMIC_RELAXED); }
+
+int mmfs_fuse_set_dynamic(const mmfs_view *views, int32_t n, int64_t *used) {
+    if (n < 0 || (n > 0 && (!views || !used)) || !mmfs_view_sorted(views, n)) return MMFS_E_ARG;
+    pthread_rwlock_wrlock(&g_dyn_lock);
+    g_dyn = views;
+    g_num_dyn = n;
+    g_dyn_used = used;
+    pthread_rwlock_unlock(&g_dyn_lock);
+    return MMFS_OK;
+}
+
+/* Find path in the mount's views (*d its index), then in the dynamic ones (*d
+ * -1; the caller holds the read lock); a use of a dynamic view is stamped for
+ * Python's least-recently-used choice. */
+static int find(const char *path, const mmfs_view **v, int32_t *d, int64_t *file) {
+    int kind = mmfs_view_find(g_views, g_num_views, path, d, file);
+    if (kind != MMFS_PATH_OTHER) {
+        *v = &g_views[*d];
+        return kind;
+    }
+    int32_t e;
+    kind = g_num_dyn ? mmfs_view_find(g_dyn, g_num_dyn, path, &e, file) : MMFS_PATH_OTHER;
+    if (kind != MMFS_PATH_OTHER) {
+        *v = &g_dyn[e];
+        *d = -1;
+        __atomic_store_n(&g_dyn_used[e], mmfs_fuse_tick(), __ATOMIC_RELAXED);
+    }
+    return kind;
+}
 
 int mmfs_fuse_configure(const mmfs_view *views, int32_t n, uint32_t uid, uint32_t gid,
                         size_t stat_size, const mmfs_fuse_fallback *fallback) {
@@ -52,18 +93,19 @@ static void fill_stat(struct stat *st, const mmfs_view *v, int64_t size) {
 }
 
 /* getattr and fgetattr: answer for the views, or hand over. 1 if answered. */
-static int view_stat(const char *path, struct stat *st, int *rc) {
+static int view_stat_locked(const char *path, struct stat *st, int *rc) {
+    const mmfs_view *v;
     int32_t d;
     int64_t file;
-    switch (mmfs_view_find(g_views, g_num_views, path, &d, &file)) {
+    switch (find(path, &v, &d, &file)) {
     case MMFS_PATH_DIR:
-        fill_stat(st, &g_views[d], -1);
+        fill_stat(st, v, -1);
         *rc = 0;
         return 1;
     case MMFS_PATH_FILE: {
-        int64_t size = mmfs_view_size(&g_views[d], file);
+        int64_t size = mmfs_view_size(v, file);
         if (size < 0) return 0; /* Python logs why, and answers EIO */
-        fill_stat(st, &g_views[d], size);
+        fill_stat(st, v, size);
         *rc = 0;
         return 1;
     }
@@ -73,6 +115,13 @@ static int view_stat(const char *path, struct stat *st, int *rc) {
     default:
         return 0;
     }
+}
+
+static int view_stat(const char *path, struct stat *st, int *rc) {
+    pthread_rwlock_rdlock(&g_dyn_lock);
+    int answered = view_stat_locked(path, st, rc);
+    pthread_rwlock_unlock(&g_dyn_lock);
+    return answered;
 }
 
 int mmfs_fuse_getattr(const char *path, void *st) {
@@ -87,45 +136,75 @@ int mmfs_fuse_fgetattr(const char *path, void *st, void *fi) {
     return view_stat(path, st, &rc) ? rc : g_fallback.fgetattr(path, st, fi);
 }
 
-int mmfs_fuse_read(const char *path, char *buf, size_t size, int64_t offset, void *fi) {
-    int32_t d;
-    int64_t file;
-    mmfs_latency_touch();
-    switch (mmfs_view_find(g_views, g_num_views, path, &d, &file)) {
-    case MMFS_PATH_FILE: {
-        int64_t n = mmfs_view_read(&g_views[d], file, offset, (int64_t)size, (uint8_t *)buf);
-        return n >= 0 ? (int)n : g_fallback.read_failed(d, file, n, size, offset);
-    }
+/* 1 if answered (into *rc); 0 to hand over to Python: *d >= 0 for a failed
+ * read of that view's file (*file, error *failed), else the whole request. */
+static int read_locked(const char *path, char *buf, size_t size, int64_t offset, int *rc, int32_t *d,
+                       int64_t *file, int64_t *failed) {
+    const mmfs_view *v;
+    *d = -1;
+    switch (find(path, &v, d, file)) {
+    case MMFS_PATH_FILE:
+        *failed = mmfs_view_read(v, *file, offset, (int64_t)size, (uint8_t *)buf);
+        *rc = (int)*failed;
+        return *failed >= 0;
     case MMFS_PATH_DIR:
-        return -EISDIR;
+        *rc = -EISDIR;
+        return 1;
     case MMFS_PATH_MISSING:
-        return -ENOENT;
+        *rc = -ENOENT;
+        return 1;
     default:
-        return g_fallback.read(path, buf, size, offset, fi);
+        *d = -1;
+        return 0;
     }
 }
 
-int mmfs_fuse_readdir(const char *path, void *buf, void *filler, int64_t offset, void *fi) {
+int mmfs_fuse_read(const char *path, char *buf, size_t size, int64_t offset, void *fi) {
+    int rc;
+    int32_t d;
+    int64_t file, failed;
+    mmfs_latency_touch();
+    pthread_rwlock_rdlock(&g_dyn_lock);
+    int answered = read_locked(path, buf, size, offset, &rc, &d, &file, &failed);
+    pthread_rwlock_unlock(&g_dyn_lock);
+    if (answered) return rc;
+    /* A dynamic view's failed read goes to Python as a request: it reads again and logs why. */
+    return d >= 0 ? g_fallback.read_failed(d, file, failed, size, offset)
+                  : g_fallback.read(path, buf, size, offset, fi);
+}
+
+/* 1 if answered (into *rc), 0 to hand over to Python. */
+static int readdir_locked(const char *path, void *buf, void *filler, int64_t offset, int *rc) {
+    const mmfs_view *v;
     int32_t d;
     int64_t file;
-    mmfs_latency_touch();
-    int kind = mmfs_view_find(g_views, g_num_views, path, &d, &file);
-    if (kind == MMFS_PATH_FILE) return -ENOTDIR;
-    if (kind == MMFS_PATH_MISSING) return -ENOENT;
-    if (kind != MMFS_PATH_DIR) return g_fallback.readdir(path, buf, filler, offset, fi);
+    int kind = find(path, &v, &d, &file);
+    *rc = kind == MMFS_PATH_FILE ? -ENOTDIR : kind == MMFS_PATH_MISSING ? -ENOENT : 0;
+    if (kind != MMFS_PATH_DIR) return kind != MMFS_PATH_OTHER;
     /* Entry k (0 = ".", 1 = "..", then the files) carries offset k + 1, the
      * place to resume: libfuse asks for the directory a buffer at a time. Only
      * the type of st matters to a listing. */
-    const mmfs_view *v = &g_views[d];
     fill_fn fill = (fill_fn)filler;
     struct stat dir_st = {.st_mode = S_IFDIR | 0555}, file_st = {.st_mode = S_IFREG | 0444};
     int64_t k = offset < 0 ? 0 : offset;
     for (; k < 2; ++k)
-        if (fill(buf, k == 0 ? "." : "..", &dir_st, k + 1)) return 0;
+        if (fill(buf, k == 0 ? "." : "..", &dir_st, k + 1)) return 1;
     char name[32];
     for (int64_t i = k - 2; i < v->count; ++i) {
-        if (mmfs_view_name(v, i, name, sizeof name) < 0) return -EIO;
+        if (mmfs_view_name(v, i, name, sizeof name) < 0) {
+            *rc = -EIO;
+            return 1;
+        }
         if (fill(buf, name, &file_st, i + 3)) break;
     }
-    return 0;
+    return 1;
+}
+
+int mmfs_fuse_readdir(const char *path, void *buf, void *filler, int64_t offset, void *fi) {
+    int rc;
+    mmfs_latency_touch();
+    pthread_rwlock_rdlock(&g_dyn_lock);
+    int answered = readdir_locked(path, buf, filler, offset, &rc);
+    pthread_rwlock_unlock(&g_dyn_lock);
+    return answered ? rc : g_fallback.readdir(path, buf, filler, offset, fi);
 }

@@ -34,6 +34,13 @@ typedef struct {
 int mmfs_fuse_configure(const mmfs_view *views, int32_t n, uint32_t uid, uint32_t gid,
                         size_t stat_size, const mmfs_fuse_fallback *fallback);
 
+/* Serve also views[0..n) (sorted by path; none with n = 0), the views made
+ * while mounted; replaces the previous table, which is unused once this
+ * returns. used[d] is stamped with mmfs_fuse_tick() on each use of views[d]. */
+int mmfs_fuse_set_dynamic(const mmfs_view *views, int32_t n, int64_t *used);
+/* The clock of those stamps: its next value. */
+int64_t mmfs_fuse_tick(void);
+
 int mmfs_fuse_getattr(const char *path, void *st);
 int mmfs_fuse_fgetattr(const char *path, void *st, void *fi);
 int mmfs_fuse_read(const char *path, char *buf, size_t size, int64_t offset, void *fi);

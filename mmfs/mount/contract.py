@@ -13,6 +13,7 @@ from __future__ import annotations
 MANIFEST = "mmfs.json"
 SAMPLES = "samples"
 RANKS = "ranks"
+STREAMS = "streams"
 DATASETS = "datasets"
 DOCUMENTS = "documents"
 SEQUENCES = "sequences"
@@ -26,6 +27,11 @@ def sample_dir(split: str) -> str:
 def ranks_dir(split: str) -> str:
     """The folder of a split's data-parallel ranks: "/train/ranks"."""
     return f"/{split}/{RANKS}"
+
+
+def streams_dir(split: str) -> str:
+    """The folder of a split's stream layouts (docs/streams.md): "/train/streams"."""
+    return f"/{split}/{STREAMS}"
 
 
 def rank_dir(split: str, rank: int, width: int) -> str:

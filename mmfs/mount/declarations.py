@@ -73,9 +73,10 @@ def microbatch_ids(plan_c: Any, rank: int, j: int) -> list[int]:
 
 
 def microbatch_view(split_name: str, split: Any, plan: Any, plan_c: Any, rank: int, rank_width: int,
-                    mtime_ns: int) -> View:
+                    mtime_ns: int, folder: str | None = None, count: int | None = None) -> View:
     """Data-parallel rank `rank`'s micro-batches of a split, in the order
-    Megatron's sampler hands them to it: `/<split>/ranks/<rank>`."""
+    Megatron's sampler hands them to it: `/<split>/ranks/<rank>` (or
+    `<folder>/<rank>`, with `count` files, for a stream)."""
     c = ffi.new("mmfs_microbatches *")
     c.plan = plan_c
     c.split = split.c
@@ -84,7 +85,8 @@ def microbatch_view(split_name: str, split: Any, plan: Any, plan_c: Any, rank: i
     def xattrs(j: int) -> dict[str, bytes]:
         return {XATTR_SAMPLES: " ".join(map(str, microbatch_ids(plan_c, rank, j))).encode()}
 
-    return View(rank_dir(split_name, rank, rank_width), plan.files_per_rank, split.dtype,
+    path = rank_dir(split_name, rank, rank_width) if folder is None else f"{folder}/{rank:0{rank_width}d}"
+    return View(path, plan.files_per_rank if count is None else count, split.dtype,
                 "microbatch", c, mtime_ns, file_tokens=plan.micro_batch_size * split.sample_tokens,
                 xattr_names=(XATTR_SAMPLES,), xattrs=xattrs, keep=(split, plan, plan_c),
                 describe_file=lambda j: f" (rank {rank}, samples {microbatch_ids(plan_c, rank, j)})")

@@ -171,6 +171,8 @@ class Daemon(fusepy.FUSE):
         check(lib.mmfs_fuse_configure(registry.c, len(registry), os.getuid(), os.getgid(),
                                       STAT_SIZE, fallback), "mmfs_fuse_configure")
         self._keep += [python, fallback, registry]
+        self._tree.streams.on_change = lambda views, used: check(
+            lib.mmfs_fuse_set_dynamic(views.c, len(views), used), "mmfs_fuse_set_dynamic")
         for name in NATIVE_HANDLERS:
             setattr(table, name, prototypes[name](native_address(name)))
         return table

@@ -25,9 +25,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mmfs.mount.contract import DOCUMENTS, MANIFEST, SAMPLES, SEQUENCES, dataset_dir, sample_dir
+from mmfs.mount.contract import DOCUMENTS, MANIFEST, SAMPLES, SEQUENCES, STREAMS, dataset_dir, sample_dir, streams_dir
 from mmfs.mount.declarations import declare_views
 from mmfs.mount.manifest import manifest
+from mmfs.mount.streams import Streams
 from mmfs.mount.views import Registry, View
 from mmfs.native import lib
 
@@ -72,10 +73,11 @@ class Link:
 
 
 class Generated(NamedTuple):
-    """File `index` of a view."""
+    """File `index` of a view (of `registry`, when not the tree's own: a stream)."""
 
     view: View
     index: int
+    registry: Registry | None = None
 
 
 Node = Dir | Blob | Link | Generated
@@ -142,6 +144,9 @@ class Tree:
         self.root.entries[MANIFEST] = Blob(
             (json.dumps(self.info, indent=2, default=_json_default) + "\n").encode(), t
         )
+        self.streams = Streams(corpus, t)
+        for split in self.splits:
+            self._dirs[f"/{split}"].entries[STREAMS] = self._dirs[streams_dir(split)] = Dir(t)
         self._statfs = self._compute_statfs()  # now: nothing later may touch the files
 
     # -- the views, by kind ----------------------------------------------------
@@ -167,11 +172,29 @@ class Tree:
             return None
         parent, _, name = path.rpartition("/")
         d = self._dirs.get(parent)
-        return d.entries.get(name) if d is not None and name else None
+        node = d.entries.get(name) if d is not None and name else None
+        return node if node is not None else self._lookup_stream(path)
+
+    def _lookup_stream(self, path: str) -> Node | None:
+        """A path below /<split>/streams/: a layout folder, a rank folder, a file."""
+        parts = path.split("/")  # "", split, "streams", layout[, rank[, file]]
+        if not 4 <= len(parts) <= 6 or parts[2] != STREAMS or streams_dir(parts[1]) not in self._dirs:
+            return None
+        layout = self.streams.layout(parts[1], parts[3])
+        if layout is None:
+            return None
+        if len(parts) == 4:
+            return Dir(self.mtime_ns, {r: Dir(self.mtime_ns, view=v)
+                                       for r, v in zip(layout.rank_names, layout.registry.views)})
+        kind, view, i = layout.registry.find(path)
+        if kind == lib.MMFS_PATH_DIR:
+            return Dir(view.mtime_ns, view=view)
+        return Generated(view, i, layout.registry) if kind == lib.MMFS_PATH_FILE else None
 
     def attr(self, node: Node) -> Attr:
         if isinstance(node, Generated):
-            return Attr(FILE_MODE, 1, self.registry.size(node.view, node.index), node.view.mtime_ns)
+            registry = node.registry or self.registry
+            return Attr(FILE_MODE, 1, registry.size(node.view, node.index), node.view.mtime_ns)
         if isinstance(node, Dir):
             subdirs = sum(isinstance(c, Dir) for c in node.entries.values())
             return Attr(DIR_MODE, 2 + subdirs, 0, node.mtime_ns)
@@ -200,7 +223,7 @@ class Tree:
         if offset < 0 or size <= 0:
             return b""
         if isinstance(node, Generated):
-            return self.registry.read(node.view, node.index, offset, size)
+            return (node.registry or self.registry).read(node.view, node.index, offset, size)
         if isinstance(node, Blob):
             return node.data[offset : offset + size]
         raise IsADirectoryError(str(node))

@@ -1,0 +1,164 @@
+"""`<split>/streams/`: the micro-batches of any layout from any consumed_samples.
+
+    <split>/streams/dp=<D>,mbs=<M>,from=<C>[,sampler=single|cyclic][,sharding=true|false]/<RRR>/<NNNNNNN>.bin
+
+File j of rank folder RRR is the j-th micro-batch Megatron's sampler, built with
+data_parallel_size D, micro_batch_size M and consumed_samples C, yields to that
+rank in one pass: to the end of the split (single) or of the current epoch
+(cyclic). The sampler defaults to the `training:` block's (else single), sharding
+to its data_sharding (else Megatron's default, true).
+
+A layout folder exists when it is looked up (the streams folder lists nothing).
+Each is a view per rank, read by the C micro-batch reader on a plan that starts
+at C. The first lookup of a layout comes to Python, which makes it and hands the
+views of every layout held to the C handlers (`on_change`); from then on they
+serve it without Python. At most MAX_LAYOUTS are held: the least recently used
+(by Python's lookups and the C handlers' stamps) is dropped. A name that is not this spelling, or a layout
+Megatron's sampler refuses, is not there (ENOENT) and the daemon logs why, once
+per name.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mmfs.config.schema import MAX_DATA_PARALLEL_SIZE
+from mmfs.megatron.rankplan import RankPlan, native_plan, plan_stream
+from mmfs.megatron.samplers import SamplerError
+from mmfs.mount.contract import name_width, rank_name_width, streams_dir
+from mmfs.mount.declarations import microbatch_view
+from mmfs.mount.views import Registry, View
+from mmfs.native import ffi, lib
+
+log = logging.getLogger(__name__)
+
+MAX_LAYOUTS = 16  # layouts held at once (each holds its epoch's permutation)
+MAX_LOGGED = 1024  # refused names remembered, so that each is logged once
+
+_NUMBER = r"(0|[1-9][0-9]{0,18})"
+SPEC = re.compile(
+    rf"dp=(?P<dp>{_NUMBER}),mbs=(?P<mbs>{_NUMBER}),from=(?P<consumed>{_NUMBER})"
+    r"(?:,sampler=(?P<sampler>single|cyclic))?(?:,sharding=(?P<sharding>true|false))?"
+)
+SPEC_HELP = "dp=<D>,mbs=<M>,from=<C>[,sampler=single|cyclic][,sharding=true|false]"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A parsed layout folder name."""
+
+    data_parallel_size: int
+    micro_batch_size: int
+    consumed: int
+    dataloader_type: str
+    data_sharding: bool
+
+
+def parse_layout(name: str, training: Any) -> Layout:
+    """The layout a folder name spells (SamplerError why not). training: the
+    config's TrainingConfig or None, for the defaults."""
+    m = SPEC.fullmatch(name)
+    if m is None:
+        raise SamplerError(f"not a stream layout: the name is {SPEC_HELP} (decimal numbers, no leading zeros)")
+    dp, mbs, consumed = int(m["dp"]), int(m["mbs"]), int(m["consumed"])
+    if not 1 <= dp <= MAX_DATA_PARALLEL_SIZE:
+        raise SamplerError(f"dp={dp}: data_parallel_size must be 1 to {MAX_DATA_PARALLEL_SIZE}")
+    if mbs < 1:
+        raise SamplerError("mbs=0: micro_batch_size must be at least 1")
+    sampler = m["sampler"] or (training.dataloader_type if training is not None else "single")
+    if m["sharding"] and sampler != "cyclic":
+        raise SamplerError("sharding= applies only to the cyclic sampler")
+    sharding = m["sharding"] == "true" if m["sharding"] else (training.data_sharding if training is not None else True)
+    return Layout(dp, mbs, consumed, sampler, sharding)
+
+
+class Streams:
+    """The stream layouts of a mount's splits, made on lookup, LRU-bounded."""
+
+    def __init__(self, corpus: Any, mtime_ns: int) -> None:
+        self.corpus = corpus
+        self.training = corpus.config.training
+        self.mtime_ns = mtime_ns
+        self._layouts: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._refused: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._lock = threading.Lock()
+        # The views of every layout held, as the C handlers serve them, and
+        # their use stamps (mmfs_fuse_tick's clock, written by C).
+        self.registry = Registry([])
+        self.used = ffi.new("int64_t[]", 1)
+        self.on_change: Callable[[Registry, Any], None] | None = None
+
+    def layout(self, split: str, name: str) -> StreamLayout | None:
+        """The layout folder `name` of `split`, or None (logged once) if there is none."""
+        key = (split, name)
+        with self._lock:
+            held = self._layouts.get(key)
+            if held is not None:
+                held.touched = lib.mmfs_fuse_tick()
+                return held
+            if key in self._refused:
+                return None
+        try:
+            layout = parse_layout(name, self.training)
+            if layout.micro_batch_size > len(self.corpus.splits[split]):
+                raise SamplerError(f"mbs={layout.micro_batch_size} is above the split's "
+                                   f"{len(self.corpus.splits[split])} samples")
+            made = StreamLayout(split, name, self.corpus.splits[split], layout, self.mtime_ns)
+        except SamplerError as exc:
+            with self._lock:
+                if key not in self._refused:
+                    log.warning("%s/%s: no such stream: %s", streams_dir(split), name, exc)
+                    self._refused[key] = None
+                    if len(self._refused) > MAX_LOGGED:
+                        self._refused.popitem(last=False)
+            return None
+        with self._lock:
+            held = self._layouts.setdefault(key, made)
+            held.touched = lib.mmfs_fuse_tick()
+            if held is made:
+                while len(self._layouts) > MAX_LAYOUTS:
+                    del self._layouts[min(self._layouts, key=self._last_use)]
+                self._publish()
+            return held
+
+    def _last_use(self, key: tuple[str, str]) -> int:
+        layout = self._layouts[key]
+        index = self.registry.index
+        used = [self.used[index[id(v)]] for v in layout.registry.views if id(v) in index]
+        return max([layout.touched, *used])
+
+    def _publish(self) -> None:
+        """Hand the views of the layouts held to the C handlers (if serving)."""
+        views = [v for layout in self._layouts.values() for v in layout.registry.views]
+        registry = Registry(views)
+        used = ffi.new("int64_t[]", max(len(views), 1))
+        if self.on_change is not None:
+            self.on_change(registry, used)
+        self.registry, self.used = registry, used  # the old ones unused by C from here
+
+
+class StreamLayout:
+    """One layout folder: a view per rank over a plan that starts at C."""
+
+    def __init__(self, split_name: str, name: str, split: Any, layout: Layout, mtime_ns: int) -> None:
+        self.path = f"{streams_dir(split_name)}/{name}"
+        self.plan: RankPlan = plan_stream(len(split), layout.micro_batch_size, layout.data_parallel_size,
+                                          layout.consumed, layout.dataloader_type, layout.data_sharding)
+        self.plan_c = native_plan(self.plan)
+        dp = layout.data_parallel_size
+        width = rank_name_width(dp)
+        self.rank_names = [f"{r:0{width}d}" for r in range(dp)]
+        views: list[View] = []
+        for rank in range(dp):
+            view = microbatch_view(split_name, split, self.plan, self.plan_c, rank, width, mtime_ns,
+                                   folder=self.path, count=self.plan.files_of(rank))
+            view.width = name_width(self.plan.files_per_rank)  # one width for every rank
+            views.append(view)
+        self.registry = Registry(views)
+        self.touched = 0
