@@ -32,6 +32,7 @@ COMMANDS = {
     "umount": "mmfs.mount.lifecycle:umount_command",
     "bench": "mmfs.tools.bench:bench_command",
     "which": "mmfs.tools.which:which_command",
+    "resume-check": "mmfs.tools.resume_check:resume_check_command",
     "preprocess": "mmfs.tools.preprocess.command:preprocess_command",
 }
 
@@ -112,6 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--text", action="store_true", help="decode each piece's tokens")
     p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json for --text (needs `tokenizers`)")
+
+    p = sub.add_parser("resume-check", parents=[common],
+                       help="does a job resumed on another layout read every sample exactly once?")
+    p.add_argument("config", help="the YAML config the job ran with (its training: block)")
+    p.add_argument("--consumed", type=int, required=True, help="consumed_samples at the checkpoint")
+    p.add_argument("--to", required=True, metavar="dp=D,mbs=M[,sampler=single|cyclic][,sharding=true|false]",
+                   help="the layout the job resumes on")
+    p.add_argument("--split", default="train", choices=SPLITS)
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
 
     p = sub.add_parser("preprocess", parents=[common],
                        help="tokenize JSONL into IndexedDatasets (Megatron's tools/preprocess_data.py)")
