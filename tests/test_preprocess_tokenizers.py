@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,15 @@ def test_eod_and_pad_as_megatron_gives_them():
     gpt2 = TokenizerSpec("GPT2BPETokenizer", vocab_file=str(HERE / "gpt2-vocab.json"),
                          merge_file=str(HERE / "gpt2-merges.txt"))
     assert eod_and_pad(gpt2) == (RECORDED["GPT2BPETokenizer"]["eod"], None)
+
+
+def test_log_interval_prints_progress_lines_without_a_terminal(tmp_path):
+    def progress_lines(*extra: str) -> int:
+        proc = subprocess.run([sys.executable, "-m", "mmfs.cli", "preprocess", "--input", str(HERE / "corpus.jsonl"),
+                               "--output-prefix", str(tmp_path / "o"), "--tokenizer-type", "ByteLevel", *extra],
+                              capture_output=True, text=True, check=True)
+        return sum("documents/s" in line and "wrote" not in line for line in proc.stderr.splitlines())
+
+    # one closing summary line without the flag; at least one more with it
+    assert progress_lines() == 1
+    assert progress_lines("--log-interval", "100") >= 2

@@ -27,8 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="as Megatron's; with --keep-sequential-samples the output equals one partition's")
     p.add_argument("--keep-sequential-samples", action="store_true",
                    help="keep the input order across partitions (mmfs always does)")
-    p.add_argument("--log-interval", type=int, default=1000,
-                   help="documents between progress lines when stderr is not a terminal (default 1000)")
+    p.add_argument("--log-interval", type=int,
+                   help="print a progress line every N documents when stderr is not a terminal")
     p.add_argument("--split-sentences", action="store_true", help="not supported: refused with a message")
     p.add_argument("--keep-newlines", action="store_true",
                    help="only changes sentence splitting in Megatron's tool; accepted, no effect without it")

@@ -97,7 +97,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise PreprocessError(f"--partitions {args.partitions}: without --keep-sequential-samples Megatron "
                               "deals lines round-robin to partitions (a reordered output), which mmfs does not "
                               "reproduce; add --keep-sequential-samples (the same output as one partition)")
-    if args.log_interval < 1:
+    if args.log_interval is not None and args.log_interval < 1:
         raise PreprocessError(f"--log-interval {args.log_interval}: give 1 or more")
 
 
@@ -145,7 +145,7 @@ def preprocess_command(args: argparse.Namespace) -> int:
     compressed = args.input.endswith((".gz", ".zst"))
     progress = Progress(enabled=sys.stderr.isatty() and log.isEnabledFor(logging.INFO),
                         total_bytes=None if compressed else os.path.getsize(args.input),
-                        log_interval=args.log_interval)
+                        log_interval=args.log_interval or 0)
     try:
         for key, (bin_tmp, _) in temps.items():
             writers[key] = IndexedDatasetWriter(bin_tmp, dtype=dtype)
