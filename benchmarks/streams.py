@@ -1,6 +1,6 @@
 """Stream folders (`<split>/streams/dp=D,mbs=M,from=C...`) on a 1M-sample split.
 
-    python benchmarks/streams.py [--dir DIR] [--layouts 8] [-n 6000]
+    python benchmarks/streams.py [--dir DIR] [--layouts 8] [-n 20000]
 
 Writes a dataset of 1,000,000 samples (sequence_length 64, uint16) into DIR
 (default: a temporary folder) and mounts it once per sampler (single, cyclic
@@ -26,7 +26,8 @@ import time
 import numpy as np
 
 from mmfs.formats.writer import write_index
-from mmfs.tools.bench import read_files, run_parallel, single_threaded_libraries, temporary_mount
+from mmfs.tools.bench import temporary_mount
+from mmfs.tools.harness import read_files, read_through, run_parallel, single_threaded_libraries
 
 SAMPLES = 1_000_000
 SEQUENCE_LENGTH = 64
@@ -81,15 +82,18 @@ def first_file_ms(mount: str, layouts: list[str]) -> list[float]:
     return times
 
 
-def cold_files(mount: str, n: int) -> dict[str, float]:
-    """Files/s of rank 0's first n files through streams/ and through ranks/."""
+def cold_files(mount: str, n: int, sources: list[str]) -> dict[str, float]:
+    """Files/s of rank 0's first n files through streams/ and through ranks/ (the
+    same samples: the dataset is read through first, and the two take turns at
+    going first, so that neither pays for the other's page cache)."""
     names = [f"{j:07d}.bin" for j in range(n)]
     folders = {"streams/": os.path.join(mount, "train", "streams", "dp=8,mbs=4,from=0", "000"),
                "ranks/": os.path.join(mount, "train", "ranks", "000")}
     size = os.stat(os.path.join(folders["ranks/"], names[0])).st_size
     seconds = dict.fromkeys(folders, 0.0)
-    for part in np.array_split(np.arange(n), SLICES):
-        for name, folder in folders.items():
+    read_through(sources)
+    for k, part in enumerate(np.array_split(np.arange(n), SLICES)):
+        for name, folder in sorted(folders.items(), reverse=k % 2 == 1):
             paths = [os.path.join(folder, names[j]) for j in part]
             seconds[name] += run_parallel(lambda p: read_files(p, size), [paths])
     return {name: n / s for name, s in seconds.items()}
@@ -99,7 +103,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", help="where the dataset is written (kept for the next run)")
     ap.add_argument("--layouts", type=int, default=8, help="new stream folders looked up per sampler")
-    ap.add_argument("-n", type=int, default=6000, help="files per cold pass")
+    ap.add_argument("-n", type=int, default=20000, help="files per cold pass")
     args = ap.parse_args()
     single_threaded_libraries()
     folder = args.dir or tempfile.mkdtemp(prefix="mmfs-streams-bench-")
@@ -109,7 +113,7 @@ def main() -> None:
     for sampler in SAMPLERS:
         with temporary_mount(write_config(folder, prefix, sampler)) as (mount, _pid):
             times = first_file_ms(mount, new_layouts(args.layouts, SAMPLES, 1 if sampler == "single" else 2))
-            rates = cold_files(mount, args.n)
+            rates = cold_files(mount, args.n, [prefix + ".bin", prefix + ".idx"])
         ratio = rates["ranks/"] / rates["streams/"]
         print(f"{sampler:17s} new folder + first file: median {statistics.median(times):5.1f} ms, "
               f"worst {max(times):5.1f} ms ({len(times)} layouts) | cold files/s: streams/ {rates['streams/']:7.0f}, "
