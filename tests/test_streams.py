@@ -158,3 +158,16 @@ def test_the_least_recently_used_layout_is_dropped(tmp_path):
     assert s.layout("valid", names[0]) is held[0]
     assert s.layout("valid", names[1]) is not held[1]  # dropped, made again
     assert len(s.registry.views) == streams.MAX_LAYOUTS  # every rank view of the layouts held
+
+
+def test_permutations_held_are_bounded_in_bytes(tmp_path, monkeypatch):
+    from mmfs.megatron import open_corpus
+    from mmfs.mount import streams
+
+    s = streams.Streams(open_corpus(_mount_config("p2_blend2_u16", tmp_path)), 0)
+    monkeypatch.setattr(streams, "MAX_PERMUTATION_BYTES", 3 * 400)  # three permutations of 100 int32 ids
+    names = [f"dp=1,mbs=1,from={k},sampler=cyclic,sharding=false" for k in range(5)]
+    held = [s.layout("valid", n) for n in names]
+    assert [lay.plan.permutation.nbytes for lay in held] == [400] * 5
+    assert len(s.registry.views) == 3  # the last three
+    assert s.layout("valid", names[4]) is held[4] and s.layout("valid", names[0]) is not held[0]

@@ -12,7 +12,8 @@ A layout folder exists when it is looked up (the streams folder lists nothing).
 Each is a view per rank, read by the C micro-batch reader on a plan that starts
 at C. The first lookup of a layout comes to Python, which makes it and hands the
 views of every layout held to the C handlers (`on_change`); from then on they
-serve it without Python. At most MAX_LAYOUTS are held: the least recently used
+serve it without Python. At most MAX_LAYOUTS are held, and beyond the one just
+made at most MAX_PERMUTATION_BYTES of their permutations: the least recently used
 (by Python's lookups and the C handlers' stamps) is dropped. A name that is not this spelling, or a layout
 Megatron's sampler refuses, is not there (ENOENT) and the daemon logs why, once
 per name.
@@ -39,6 +40,7 @@ from mmfs.native import ffi, lib
 log = logging.getLogger(__name__)
 
 MAX_LAYOUTS = 16  # layouts held at once (each holds its epoch's permutation)
+MAX_PERMUTATION_BYTES = 512 << 20  # 4 bytes a sample: 16 layouts of an 8M-sample split
 MAX_LOGGED = 1024  # refused names remembered, so that each is logged once
 
 _NUMBER = r"(0|[1-9][0-9]{0,18})"
@@ -122,10 +124,16 @@ class Streams:
             held = self._layouts.setdefault(key, made)
             held.touched = lib.mmfs_fuse_tick()
             if held is made:
-                while len(self._layouts) > MAX_LAYOUTS:
+                while self._too_many():
                     del self._layouts[min(self._layouts, key=self._last_use)]
                 self._publish()
             return held
+
+    def _too_many(self) -> bool:
+        if len(self._layouts) > MAX_LAYOUTS:
+            return True
+        held = sum(map(_held_bytes, self._layouts.values()))
+        return len(self._layouts) > 1 and held > MAX_PERMUTATION_BYTES
 
     def _last_use(self, key: tuple[str, str]) -> int:
         layout = self._layouts[key]
@@ -141,6 +149,11 @@ class Streams:
         if self.on_change is not None:
             self.on_change(registry, used)
         self.registry, self.used = registry, used  # the old ones unused by C from here
+
+
+def _held_bytes(layout: StreamLayout) -> int:
+    perm = layout.plan.permutation
+    return 0 if perm is None else perm.nbytes
 
 
 class StreamLayout:
