@@ -33,6 +33,7 @@ COMMANDS = {
     "bench": "mmfs.tools.bench:bench_command",
     "which": "mmfs.tools.which:which_command",
     "resume-check": "mmfs.tools.resume_check:resume_check_command",
+    "config": "mmfs.tools.megatron_args:config_command",
     "preprocess": "mmfs.tools.preprocess.command:preprocess_command",
 }
 
@@ -50,6 +51,13 @@ def add_which_position(p: argparse.ArgumentParser) -> None:
                                                      "training: block's batch-size schedule)")
     group.add_argument("--consumed", type=int, metavar="C",
                        help="the global batch that starts at consumed_samples C (as a checkpoint holds it)")
+
+
+def add_config_parser(sub, common: argparse.ArgumentParser) -> None:
+    """`mmfs config --from-megatron ARGS...`: the YAML config for Megatron-LM's arguments."""
+    p = sub.add_parser("config", parents=[common], help="print the YAML config of Megatron-LM launch arguments")
+    p.add_argument("--from-megatron", nargs=argparse.REMAINDER, required=True, metavar="ARGS",
+                   help="Megatron-LM's arguments (pretrain_gpt.py's), or @FILE holding them; the rest of the line")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the layout the job resumes on")
     p.add_argument("--split", default="train", choices=SPLITS)
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    add_config_parser(sub, common)
 
     p = sub.add_parser("preprocess", parents=[common],
                        help="tokenize JSONL into IndexedDatasets (Megatron's tools/preprocess_data.py)")

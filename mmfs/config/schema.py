@@ -33,6 +33,8 @@ DEFAULT_TOKENIZER_CLASS = "megatron.core.tokenizers.text.models.default_tokenize
 TOP_LEVEL_KEYS = {
     "datasets",
     "data_path",
+    "data_args_path",
+    "per_split_data_args_path",
     "blend_per_split",
     "split",
     "samples",
@@ -224,7 +226,12 @@ def _dataset_problem(file: str) -> str | None:
 def _parse_data_path(text: str, checker: _Checker, key: str) -> list[dict]:
     """Megatron's string form (get_blend_from_list): "PREFIX ...", or "W1 PREFIX1 W2
     PREFIX2 ..." when the word count is even and the first word is a number."""
-    words = text.split()
+    return _parse_data_words(text.split(), checker, key)
+
+
+def _parse_data_words(words: list[str], checker: _Checker, key: str) -> list[dict]:
+    """Megatron's get_blend_from_list on the words of --data-path."""
+    words = [w.strip() for w in words]
     if not words:
         raise checker.fail(key, "is empty")
     if len(words) % 2:
@@ -399,14 +406,15 @@ def load_config(path: str) -> Config:
     checker.unknown_keys(raw, TOP_LEVEL_KEYS, "")
     base_dir = os.path.dirname(os.path.abspath(path))
 
-    sources = [k for k in ("datasets", "data_path", "blend_per_split") if raw.get(k) is not None]
+    sources = [k for k in DATA_SOURCES if raw.get(k) is not None]
     if len(sources) != 1:
         raise checker.fail(
             "datasets",
-            "give exactly one of `datasets`, `data_path` or `blend_per_split`"
-            + (f" (found {', '.join(sources)})" if sources else ""),
+            "give exactly one of `datasets`, `data_path`, `blend_per_split`, `data_args_path` or "
+            "`per_split_data_args_path`" + (f" (found {', '.join(sources)})" if sources else ""),
         )
-    source = sources[0]
+    label = source = sources[0]  # label: the key errors name
+    raw, source = _megatron_data_source(raw, source, checker, base_dir)
     blend = blend_per_split = None
     split = None
     if source == "blend_per_split":
@@ -424,8 +432,8 @@ def load_config(path: str) -> Config:
             raise checker.fail("blend_per_split", "every split is empty; give at least one a blend")
         _check_names([b for b in blend_per_split.values() if b], checker, "blend_per_split")
     else:
-        blend = _parse_blend(raw[source], checker, source, base_dir)
-        _check_names([blend], checker, source)
+        blend = _parse_blend(raw[source], checker, label, base_dir)
+        _check_names([blend], checker, label)
         split_value = raw.get("split", "969,30,1")
         if isinstance(split_value, (int, float)) and not isinstance(split_value, bool):
             split_value = str(split_value)
@@ -684,3 +692,54 @@ def with_schedule(training: TrainingConfig | None, sequence_length: int,
             raise checker.fail(key, f"reaches a global batch size of {size}, not a multiple of "
                                     f"micro_batch_size x data_parallel_size = {step} (Megatron asserts)")
     return replace(t, schedule=schedule)
+
+
+# -- Megatron's own forms of the data arguments -----------------------------------
+
+DATA_SOURCES = ("datasets", "data_path", "blend_per_split", "data_args_path", "per_split_data_args_path")
+
+
+def _megatron_data_source(raw: dict, source: str, checker: _Checker, base_dir: str) -> tuple[dict, str]:
+    """`raw` with Megatron's forms turned into ours: `data_path` as a list of words
+    (--data-path's nargs), `data_args_path` (a file of those words) and
+    `per_split_data_args_path` (a JSON file {train, valid, test}), read as
+    Megatron-LM's get_blend_and_blend_per_split reads them. Relative paths, of the
+    files and in them, are relative to the YAML file's folder."""
+    value = raw[source]
+    if source == "data_path" and isinstance(value, list) and value and all(isinstance(w, str) for w in value):
+        return {**raw, "data_path": _parse_data_words(value, checker, "data_path")}, source
+    if source == "data_args_path":
+        text = _read_text(value, checker, source, base_dir)
+        return {**raw, "data_path": _parse_data_words(text.split(), checker, source)}, "data_path"
+    if source == "per_split_data_args_path":
+        import json
+
+        text = _read_text(value, checker, source, base_dir)
+        try:
+            per_split = json.loads(text)
+        except ValueError as exc:
+            raise checker.fail(source, f"{value} is not JSON ({exc})") from None
+        if not isinstance(per_split, dict):
+            raise checker.fail(source, f"{value} must hold a JSON object {{train, valid, test}}")
+        blends = {}
+        for split in SPLITS:
+            if split not in per_split:  # Megatron reads all three keys
+                raise checker.fail(source, f"{value} has no {split!r} key (Megatron reads train, valid and test)")
+            words = per_split[split]
+            if isinstance(words, str):
+                words = words.split()
+            if words is not None and (not isinstance(words, list) or not all(isinstance(w, str) for w in words)):
+                raise checker.fail(source, f"{value}: {split}: expected a string or a list of strings")
+            blends[split] = None if not words else _parse_data_words(words, checker, f"{source} {split}")
+        return {**raw, "blend_per_split": blends}, "blend_per_split"
+    return raw, source
+
+
+def _read_text(value: Any, checker: _Checker, key: str, base_dir: str) -> str:
+    path = checker.path_text(value, key, "a file path")
+    file = os.path.join(base_dir, path)
+    try:
+        with open(file, encoding="utf-8") as f:
+            return f.read(1 << 24)  # 16 MiB: far above any list of datasets
+    except (OSError, UnicodeDecodeError) as exc:
+        raise checker.fail(key, f"cannot read {file}: {exc.strerror if isinstance(exc, OSError) else exc}") from None

@@ -1,0 +1,324 @@
+"""`mmfs config --from-megatron ARGS...`: Megatron-LM's launch arguments (as
+pretrain_gpt.py takes them, megatron-core 0.19) turned into the YAML config that
+mounts the same samples.
+
+Only arguments that shape the samples are read. Those that change how a loader
+builds its batch fields, or how Megatron loads, are named in a comment of the
+output; those mmfs cannot honour are one line and exit 2; everything else (model,
+optimiser, logging, torchrun's own flags) is ignored silently. `@FILE` reads
+arguments from a file, any number per line, with shell quoting and `#` comments
+(as launch scripts hold them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from typing import Any
+
+import yaml
+
+from mmfs.errors import MmfsError
+
+DEFAULT_TOKENIZER_CLASS = "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText"
+
+
+class MegatronArgsError(MmfsError):
+    """A Megatron argument mmfs cannot honour, or one Megatron itself refuses."""
+
+
+# flag -> number of values (None: Megatron's nargs='*', up to the next flag)
+HONOURED = {
+    "--data-path": None, "--train-data-path": None, "--valid-data-path": None, "--test-data-path": None,
+    "--data-args-path": 1, "--per-split-data-args-path": 1, "--split": 1, "--seq-length": 1,
+    "--seed": 1, "--micro-batch-size": 1, "--global-batch-size": 1, "--rampup-batch-size": 3,
+    "--step-batch-size-schedule": 1, "--train-iters": 1, "--train-samples": 1, "--eval-interval": 1,
+    "--eval-iters": 1, "--dataloader-type": 1, "--no-data-sharding": 0, "--data-cache-path": 1,
+    "--mid-level-dataset-surplus": 1, "--tokenizer-type": 1, "--tokenizer-model": 1, "--vocab-size": 1,
+    "--vocab-file": 1, "--null-tokenizer-eod-id": 1, "--null-tokenizer-pad-id": 1,
+    "--world-size": 1, "--tensor-model-parallel-size": 1, "--pipeline-model-parallel-size": 1,
+    "--context-parallel-size": 1, "--nproc_per_node": 1, "--nproc-per-node": 1, "--nnodes": 1,
+}
+# Data arguments that do not change which samples Megatron reads, with why.
+NOTED = {
+    "--reset-position-ids": "a batch field: pass reset_position_ids to mmfs.loader's megatron_batches",
+    "--reset-attention-mask": "a batch field: pass reset_attention_mask to mmfs.loader's megatron_batches",
+    "--eod-mask-loss": "a batch field: pass eod_mask_loss to mmfs.loader's megatron_batches",
+    "--no-create-attention-mask-in-dataloader": "a batch field: pass create_attention_mask=False to "
+                                                 "mmfs.loader's megatron_batches",
+    "--num-workers": "how Megatron's DataLoader runs, not what it reads",
+    "--num-dataset-builder-threads": "how Megatron builds its indices, not what they hold",
+    "--no-mmap-bin-files": "how Megatron reads the .bin files, not what it reads",
+    "--dataloader-fast-cache-load": "how Megatron loads its index cache, not what it holds",
+    "--dataloader-defer-npy-index-mmap": "how Megatron loads its index cache, not what it holds",
+    "--merge-file": "the GPT-2 merges do not change the end-of-document id",
+    "--make-vocab-size-divisible-by": "pads the model's embedding, not the data",
+}
+# Data arguments whose samples mmfs does not serve.
+REFUSED = {
+    "--mock-data": "Megatron's mock dataset is not read from files",
+    "--fim-data": "fill-in-the-middle samples are rewritten by Megatron's FIM dataset",
+    "--sft": "SFT samples come from another dataset class",
+    "--per-dataset-sequences-path": "mmfs reads the sequence counts from the .idx files",
+    "--phase-transition-iterations": "mmfs serves one phase's split sizes",
+    "--multiple-validation-sets": "mmfs serves one validation split",
+    "--full-validation": "mmfs needs the validation sample count",
+    "--decrease-batch-size-if-needed": "the global batch would depend on the layout",
+    "--eval-global-batch-size": "mmfs sizes evaluation with the global batch size",
+    "--eval-micro-batch-size": "mmfs sizes evaluation with the micro-batch size",
+    "--skip-train": "mmfs derives the validation count from the training run",
+    "--start-eval-at-iter": "mmfs derives the validation count from every eval interval",
+    "--hybrid-context-parallel": "its samples are packed by Megatron",
+    "--allow-ambiguous-pad-tokens": "mmfs keeps megatron-core's default pad handling",
+    "--object-storage-cache-path": "give the datasets as local paths (or mmfs's storage: block)",
+    "--tokenizer-metadata": "give the tokenizer by --tokenizer-type and its files",
+}
+
+
+def expand_args(argv: list[str]) -> list[str]:
+    """The arguments with every @FILE replaced by the words of its lines."""
+    out: list[str] = []
+    for arg in argv:
+        if not arg.startswith("@") or len(arg) == 1:
+            out.append(arg)
+            continue
+        path = arg[1:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read(1 << 24)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise MegatronArgsError(f"{path}: cannot read the arguments file: "
+                                    f"{exc.strerror if isinstance(exc, OSError) else exc}") from None
+        try:
+            out.extend(shlex.split(text.replace("\\\n", " "), comments=True))
+        except ValueError as exc:
+            raise MegatronArgsError(f"{path}: {exc} (shell quoting as in a launch script)") from None
+    return out
+
+
+def parse_args(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """{flag: value(s)} of the honoured flags, and the noted flags in order."""
+    values: dict[str, Any] = {}
+    noted: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        flag, eq, inline = arg.partition("=")
+        if flag in REFUSED:
+            raise MegatronArgsError(f"{flag}: mmfs cannot serve it ({REFUSED[flag]})")
+        if flag in NOTED and flag not in noted:
+            noted.append(flag)
+        if flag not in HONOURED:
+            i += 1
+            continue
+        n = HONOURED[flag]
+        if eq:
+            taken, i = [inline], i + 1
+        elif n is None:
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--"):
+                j += 1
+            taken, i = argv[i + 1:j], j
+        else:
+            taken, i = argv[i + 1:i + 1 + n], i + 1 + n
+            if len(taken) < n or any(t.startswith("--") for t in taken):
+                raise MegatronArgsError(f"{flag}: expected {n} value(s)")
+        values[flag] = True if n == 0 else taken[0] if n == 1 else taken
+    return values, noted
+
+
+def _int(values: dict, flag: str, default: int | None = None) -> int | None:
+    if flag not in values:
+        return default
+    try:
+        return int(values[flag])
+    except (TypeError, ValueError):
+        raise MegatronArgsError(f"{flag}: {values[flag]!r} is not an integer") from None
+
+
+def _float(values: dict, flag: str) -> float:
+    try:
+        return float(values[flag])
+    except (TypeError, ValueError):
+        raise MegatronArgsError(f"{flag}: {values[flag]!r} is not a number") from None
+
+
+def data_parallel_size(values: dict, environ: dict) -> int:
+    """world size // (tensor x pipeline x context), as Megatron-LM's validate_args."""
+    world = _int(values, "--world-size")
+    if world is None:
+        if environ.get("WORLD_SIZE"):
+            world = _int({"WORLD_SIZE": environ["WORLD_SIZE"]}, "WORLD_SIZE")
+        elif "--nproc_per_node" in values or "--nproc-per-node" in values:  # torchrun's own flags
+            per_node = _int(values, "--nproc_per_node") or _int(values, "--nproc-per-node")
+            world = per_node * _int(values, "--nnodes", 1)
+        else:
+            world = 1  # Megatron's default WORLD_SIZE
+    model = 1
+    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size"):
+        model *= _int(values, flag, 1)
+    if world < 1 or model < 1 or world % model:
+        raise MegatronArgsError(f"--world-size: {world} is not a multiple of tensor x pipeline x context "
+                                f"parallel sizes = {model} (Megatron asserts)")
+    return world // model
+
+
+def tokenizer_block(values: dict) -> dict[str, Any]:
+    """eod and pad as megatron-core 0.19's tokenizer of that type gives them, with the
+    identifiers it puts into the cache description."""
+    kind = values.get("--tokenizer-type")
+    if kind is None:
+        raise MegatronArgsError("--tokenizer-type: missing (Megatron builds no tokenizer without it)")
+    if kind == "NullTokenizer":
+        vocab = _int(values, "--vocab-size")
+        if vocab is None:
+            raise MegatronArgsError("--vocab-size: missing: NullTokenizer needs it")
+        eod = _int(values, "--null-tokenizer-eod-id", vocab - 1)  # NullTokenizer: vocab_size - 1
+        pad = _int(values, "--null-tokenizer-pad-id", -1)
+        ids: dict[str, Any] = {"class": DEFAULT_TOKENIZER_CLASS, "tokenizer_path": None, "vocab_size": str(vocab)}
+        if "--null-tokenizer-eod-id" in values:
+            ids["eod_id"] = str(eod)
+        if "--null-tokenizer-pad-id" in values:
+            ids["pad_id"] = str(pad)
+        return {"eod": eod, "pad": None if pad == -1 else pad, "vocab_size": vocab, "unique_identifiers": ids}
+    if kind == "GPT2BPETokenizer":
+        vocab_file = values.get("--vocab-file")
+        if vocab_file is None:
+            raise MegatronArgsError("--vocab-file: missing: GPT2BPETokenizer reads <|endoftext|> from it")
+        try:
+            with open(vocab_file, encoding="utf-8") as f:
+                eod = json.load(f)["<|endoftext|>"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise MegatronArgsError(f"--vocab-file: {vocab_file}: no <|endoftext|> id in a JSON vocabulary "
+                                    f"({type(exc).__name__}: {exc})") from None
+        return {"eod": eod, "pad": None}
+    if kind == "HuggingFaceTokenizer":
+        model = values.get("--tokenizer-model")
+        if model is None:
+            raise MegatronArgsError("--tokenizer-model: missing: HuggingFaceTokenizer loads it")
+        from mmfs.tools.preprocess.tokenizer import HuggingFaceTokenizer
+
+        try:
+            tok = HuggingFaceTokenizer(model)
+        except MmfsError as exc:
+            raise MegatronArgsError(f"--tokenizer-model: {exc}") from None
+        if tok.eod is None:
+            raise MegatronArgsError(f"--tokenizer-model: {model} has no eos (or sep) token for Megatron's eod")
+        return {"eod": tok.eod, "pad": None}
+    raise MegatronArgsError(f"--tokenizer-type: {kind}: mmfs reads the eod id of NullTokenizer, GPT2BPETokenizer "
+                            "and HuggingFaceTokenizer; write the tokenizer: block (eod, pad) by hand")
+
+
+def _blend_words(values: dict, flag: str) -> list[str] | None:
+    words = values.get(flag)
+    if words is None:
+        return None
+    if not words:
+        raise MegatronArgsError(f"{flag}: no dataset given")
+    return list(words)
+
+
+def to_config(argv: list[str], environ: dict | None = None) -> tuple[dict[str, Any], list[str]]:
+    """(the YAML config as a dict, comment lines) for Megatron's arguments."""
+    environ = os.environ if environ is None else environ
+    values, noted = parse_args(expand_args(argv))
+    comments = [f"ignored {flag}: {NOTED[flag]}" for flag in noted]
+    config: dict[str, Any] = {}
+    sources = [f for f in ("--data-path", "--data-args-path") if f in values]
+    per_split = [f for f in ("--train-data-path", "--valid-data-path", "--test-data-path",
+                             "--per-split-data-args-path") if f in values]
+    if len(sources) > 1:
+        raise MegatronArgsError("--data-args-path: give it or --data-path, not both (Megatron asserts)")
+    if sources and per_split:
+        comments.append(f"ignored {', '.join(per_split)}: Megatron reads {sources[0]} when it is given")
+    if sources:
+        if "--data-path" in values:
+            config["data_path"] = _blend_words(values, "--data-path")
+        else:
+            config["data_args_path"] = values["--data-args-path"]
+        # Megatron-LM's validate_args: the legacy default, spaces included (hashed into cache names)
+        config["split"] = values.get("--split", "969, 30, 1")
+    elif per_split:
+        if "--per-split-data-args-path" in values:
+            if len(per_split) > 1:
+                raise MegatronArgsError("--per-split-data-args-path: give it or --train/valid/test-data-path, "
+                                        "not both (Megatron asserts)")
+            config["per_split_data_args_path"] = values["--per-split-data-args-path"]
+        else:
+            config["blend_per_split"] = {
+                split: None if f"--{split}-data-path" not in values
+                else " ".join(_blend_words(values, f"--{split}-data-path"))
+                for split in ("train", "valid", "test")
+            }
+        if "--split" in values:
+            comments.append("ignored --split: Megatron does not split per-split data paths")
+    else:
+        raise MegatronArgsError("--data-path: missing (or --data-args-path, --per-split-data-args-path, "
+                                "--train-data-path ...): mmfs serves datasets read from files")
+    seq = _int(values, "--seq-length")
+    if seq is None:
+        raise MegatronArgsError("--seq-length: missing: the number of tokens per sample")
+    config["sequence_length"] = seq
+    config["seed"] = _int(values, "--seed", 1234)
+    if "--mid-level-dataset-surplus" in values:
+        config["mid_level_dataset_surplus"] = _float(values, "--mid-level-dataset-surplus")
+    config["tokenizer"] = tokenizer_block(values)
+    if "--data-cache-path" in values:
+        config["cache_dir"] = values["--data-cache-path"]
+    config["training"] = training_block(values, environ, comments)
+    return config, comments
+
+
+def training_block(values: dict, environ: dict, comments: list[str]) -> dict[str, Any]:
+    mbs = _int(values, "--micro-batch-size")
+    if mbs is None:
+        raise MegatronArgsError("--micro-batch-size: missing (Megatron asserts)")
+    training: dict[str, Any] = {"data_parallel_size": data_parallel_size(values, environ), "micro_batch_size": mbs}
+    kind = values.get("--dataloader-type", "single")
+    if kind not in ("single", "cyclic"):
+        raise MegatronArgsError(f"--dataloader-type: {kind}: mmfs serves Megatron's single and cyclic samplers")
+    training["dataloader_type"] = kind
+    if "--no-data-sharding" in values:
+        if kind == "cyclic":
+            training["data_sharding"] = False
+        else:
+            comments.append("ignored --no-data-sharding: only the cyclic sampler shards")
+    if "--step-batch-size-schedule" in values:
+        if "--global-batch-size" in values:
+            raise MegatronArgsError("--step-batch-size-schedule: Megatron-LM refuses it with --global-batch-size "
+                                    "(ValueError at start-up); drop one")
+        training["step_batch_size_schedule"] = values["--step-batch-size-schedule"]
+    else:
+        training["global_batch_size"] = _int(values, "--global-batch-size", mbs * training["data_parallel_size"])
+    if "--rampup-batch-size" in values:
+        comments.append("ignored --rampup-batch-size: megatron-core 0.18 and later ignore it (deprecated); "
+                        "for megatron-core <= 0.17 add training.rampup_batch_size")
+    iters, samples = _int(values, "--train-iters"), _int(values, "--train-samples")
+    if iters is not None and samples is not None:
+        raise MegatronArgsError("--train-samples: give it or --train-iters, not both (Megatron asserts)")
+    if iters is not None or samples is not None:
+        if iters is not None:
+            training["train_iters"] = iters
+        else:
+            training["train_samples"] = samples
+        if "--eval-interval" not in values:
+            raise MegatronArgsError("--eval-interval: missing: Megatron sizes the validation split with it")
+        training["eval_interval"] = _int(values, "--eval-interval")
+        training["eval_iters"] = _int(values, "--eval-iters", 100)
+    return training
+
+
+def render(config: dict[str, Any], comments: list[str]) -> str:
+    head = ["# mmfs config from Megatron-LM arguments (mmfs config --from-megatron).",
+            "# Paths are as Megatron got them; mmfs reads relative ones from this file's folder,",
+            "# so save it in the folder Megatron is launched from (the paths go into cache names)."]
+    head += [f"# {c}" for c in comments]
+    return "\n".join(head) + "\n" + yaml.safe_dump(config, sort_keys=False)
+
+
+def config_command(args) -> int:
+    config, comments = to_config(args.from_megatron)
+    sys.stdout.write(render(config, comments))
+    return 0
