@@ -1,14 +1,18 @@
 """A PyTorch training loop over one data-parallel rank's stream of an mmfs mount,
-resuming from the consumed_samples of its checkpoint, without Megatron.
+resuming from the consumed_samples of its checkpoint, also on another layout.
 
     python examples/torch_train.py MOUNT --rank 0 --iterations 20 --checkpoint ckpt.pt
+    # resumed by a job with 3 data-parallel ranks instead of the mount's layout:
+    python examples/torch_train.py MOUNT --rank 0 --data-parallel-size 3 --checkpoint ckpt.pt
 
-Each step reads the micro-batches Megatron's DataLoader would give this rank
-(Mount.megatron_batches: tokens, labels, loss_mask, position_ids), trains a toy
-model on them and, every --save-every steps, saves the model and consumed_samples
-(Megatron's counter: all ranks' samples so far). Run it again with the same
---checkpoint and it reads on from exactly where it stopped. torch is only needed
-here; mmfs.loader itself is numpy only.
+Each step reads the micro-batch Megatron's DataLoader would give this rank
+(mmfs.adapters.torch.RankStream: tokens, labels, loss_mask, position_ids, read by
+DataLoader workers), trains a toy model on it and, every --save-every steps, saves
+the model and the stream's state_dict (Megatron's consumed_samples: all ranks'
+samples so far). Run it again with the same --checkpoint and it reads on from
+exactly where it stopped; with another --data-parallel-size or --micro-batch-size it
+reads what Megatron's sampler, rebuilt on that layout at that consumed_samples,
+gives the rank. torch is only needed here; mmfs.loader itself is numpy only.
 """
 
 from __future__ import annotations
@@ -18,18 +22,8 @@ import os
 
 import torch
 
+from mmfs.adapters.torch import RankStream
 from mmfs.loader import Mount
-
-
-class RankStream(torch.utils.data.IterableDataset):
-    """The rank's micro-batches from consumed_samples, as torch tensors."""
-
-    def __init__(self, mount: Mount, split: str, rank: int, consumed_samples: int) -> None:
-        self.mount, self.split, self.rank, self.consumed = mount, split, rank, consumed_samples
-
-    def __iter__(self):
-        for batch in self.mount.megatron_batches(self.split, self.rank, self.consumed):
-            yield {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
 def main() -> None:
@@ -37,32 +31,29 @@ def main() -> None:
     parser.add_argument("mount")
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--split", default="train")
+    parser.add_argument("--data-parallel-size", type=int, help="default: the mount's training: layout")
+    parser.add_argument("--micro-batch-size", type=int, help="default: the mount's training: layout")
     parser.add_argument("--iterations", type=int, default=20, help="steps to run in this job")
     parser.add_argument("--checkpoint", default="mmfs-example-ckpt.pt")
     parser.add_argument("--save-every", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
     args = parser.parse_args()
 
     mount = Mount(args.mount)
-    t = mount.training
-    if not t:
-        raise SystemExit("the mount has no training section: add a training: block to its config")
-    per_step = t["micro_batch_size"] * t["data_parallel_size"]  # one micro-batch per rank per step
+    stream = RankStream(mount, args.split, args.rank, data_parallel_size=args.data_parallel_size,
+                        micro_batch_size=args.micro_batch_size)
     vocab = int(max(2**16, (mount.eod or 0) + 1)) if mount.dtype.itemsize <= 2 else 2**17
     model = torch.nn.Sequential(torch.nn.Embedding(vocab, 32), torch.nn.Linear(32, vocab))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-    consumed = 0
     if os.path.exists(args.checkpoint):
         state = torch.load(args.checkpoint)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        consumed = state["consumed_samples"]
-        print(f"resuming at consumed_samples {consumed}")
+        stream.load_state_dict(state["data"])
+        print(f"resuming at consumed_samples {stream.state_dict()['consumed_samples']}")
 
-    loader = torch.utils.data.DataLoader(RankStream(mount, args.split, args.rank, consumed), batch_size=None)
-    for step, batch in enumerate(loader):
-        if step == args.iterations:
-            break
+    for step, batch in enumerate(stream.batches(num_workers=args.workers)):
         logits = model(batch["tokens"])
         losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
                                                    reduction="none")
@@ -71,11 +62,13 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        consumed += per_step
-        print(f"consumed_samples {consumed} loss {loss.item():.4f} first tokens {batch['tokens'][0, :4].tolist()}")
-        if (step + 1) % args.save_every == 0:
+        print(f"consumed_samples {stream.state_dict()['consumed_samples']} loss {loss.item():.4f} "
+              f"samples {batch['sample_ids'].tolist()}")
+        if (step + 1) % args.save_every == 0 or step + 1 == args.iterations:
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "consumed_samples": consumed}, args.checkpoint)
+                        "data": stream.state_dict()}, args.checkpoint)
+        if step + 1 == args.iterations:
+            break
 
 
 if __name__ == "__main__":

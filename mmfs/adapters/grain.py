@@ -1,0 +1,54 @@
+"""A split of a mount as a grain RandomAccessDataSource: __len__ and __getitem__,
+picklable (it holds the mount's path; each process opens the mount itself) and
+thread-safe (every read is its own open and read of a sample file).
+
+    source = SampleSource("/mnt/data", "train")            # tokens, in the mount's dtype
+    source = SampleSource("/mnt/data", "train", megatron=True, eod_mask_loss=True)
+    dataset = grain.MapDataset.source(source)
+
+grain need not be installed to build one; it only calls the protocol.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from mmfs.loader import Mount
+
+
+class SampleSource:
+    """The samples of one split, by id (the mount's order: Megatron's dataset index)."""
+
+    def __init__(self, mount: str | os.PathLike, split: str = "train", *, megatron: bool = False,
+                 **flags: bool) -> None:
+        self.path, self.split, self.megatron, self.flags = os.fspath(mount), split, megatron, flags
+        self._open()
+
+    def _open(self) -> None:
+        self._mount = Mount(self.path)
+        self._mount.sample_path(self.split, 0)  # the split exists and has a sample
+        self._len = int(self._mount.samples[self.split])
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, record_key: int) -> np.ndarray | dict[str, np.ndarray]:
+        i = int(record_key)
+        if not 0 <= i < self._len:
+            raise IndexError(f"record {i} is outside [0, {self._len}) of {self.split}")
+        if self.megatron:
+            return self._mount.megatron_item(self.split, i, **self.flags)
+        return self._mount.sample(self.split, i)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "split": self.split, "megatron": self.megatron, "flags": self.flags}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open()
+
+    def __repr__(self) -> str:  # grain logs sources by repr
+        return f"SampleSource({self.path!r}, {self.split!r}, megatron={self.megatron})"

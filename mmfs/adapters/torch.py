@@ -1,0 +1,100 @@
+"""One data-parallel rank's stream of a mount as a torch IterableDataset.
+
+    stream = RankStream(Mount("/mnt/data"), "train", rank=3, consumed_samples=4096)
+    for batch in stream.batches(num_workers=2):   # a DataLoader over the stream
+        ...                                       # tokens, labels, loss_mask, position_ids
+        torch.save({"data": stream.state_dict(), ...}, "ckpt.pt")
+
+The stream is the micro-batches Megatron's sampler (the mount's `training:` layout,
+or another data_parallel_size / micro_batch_size given here) yields that rank from
+`consumed_samples`, in the order Megatron's training loop reads them (`cyclic`: on
+into later epochs, as cyclic_iter does). Each is megatron-core's batch (the fields
+of Mount.megatron_batch) plus `sample_ids` and `consumed_samples`, the global count
+after the step that reads it. The samplers run here (mmfs.megatron.samplers, exact
+ports checked against Megatron's) and the samples are read from the mount's sample
+files, so any layout and any consumed_samples Megatron would accept work.
+
+With DataLoader workers, worker w of W reads micro-batches w, w + W, ...; the
+DataLoader hands them out round-robin, which is the stream's own order. The
+consumed_samples that state_dict() holds is that of the last batch `batches()`
+gave out (workers run ahead; what they fetched and nobody took is read again after
+a load_state_dict()).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmfs.loader import LoaderError, Mount
+from mmfs.megatron.samplers import SamplerError, training_stream
+
+
+class RankStream(torch.utils.data.IterableDataset):
+    """Megatron's micro-batches of one rank, from consumed_samples."""
+
+    def __init__(self, mount: Mount, split: str = "train", rank: int = 0, *, consumed_samples: int = 0,
+                 data_parallel_size: int | None = None, micro_batch_size: int | None = None,
+                 dataloader_type: str | None = None, data_sharding: bool | None = None, **flags: bool) -> None:
+        t = mount.training or {}
+        self.mount, self.split, self.rank, self.flags = mount, split, rank, flags
+        self.data_parallel_size = int(data_parallel_size or t.get("data_parallel_size") or 0)
+        self.micro_batch_size = int(micro_batch_size or t.get("micro_batch_size") or 0)
+        if not self.data_parallel_size or not self.micro_batch_size:
+            raise LoaderError(f"{mount.path}: give data_parallel_size and micro_batch_size (the mount has no "
+                              "training section)")
+        self.dataloader_type = dataloader_type or t.get("dataloader_type", "single")
+        self.data_sharding = t.get("data_sharding", True) if data_sharding is None else data_sharding
+        self.total = int(mount.samples.get(split, 0))
+        self.load_state_dict({"consumed_samples": consumed_samples})
+
+    @property
+    def step(self) -> int:
+        """Samples all ranks consume per micro-batch of one rank."""
+        return self.micro_batch_size * self.data_parallel_size
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consumed_samples": self.consumed_samples}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        consumed = int(state["consumed_samples"])
+        if consumed < 0:
+            raise LoaderError(f"consumed_samples {consumed} is negative")
+        # Megatron's own checks (the single sampler takes any count; the cyclic one a
+        # multiple of micro_batch_size x data_parallel_size within the epoch), before
+        # any worker starts.
+        self._sampler(consumed)
+        self.consumed_samples = consumed
+
+    def _sampler(self, consumed: int) -> Iterator[list[int]]:
+        try:
+            stream = training_stream(self.dataloader_type, self.total, consumed, self.micro_batch_size,
+                                     self.rank, self.data_parallel_size, self.data_sharding)
+            first = next(stream, None)
+        except SamplerError as exc:
+            raise LoaderError(f"{self.split}: {exc}") from None
+        return iter(()) if first is None else itertools.chain([first], stream)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        start = self.consumed_samples
+        stream = itertools.islice(self._sampler(start), worker, None, workers)
+        for k, ids in zip(itertools.count(worker, workers), stream):
+            batch = self.mount.megatron_batch(self.split, ids, **self.flags)
+            out = {name: torch.from_numpy(np.ascontiguousarray(v)) for name, v in batch.items()}
+            out["sample_ids"] = torch.tensor(ids, dtype=torch.int64)
+            out["consumed_samples"] = torch.tensor(start + (k + 1) * self.step, dtype=torch.int64)
+            yield out
+
+    def batches(self, **loader_args: Any) -> Iterator[dict[str, torch.Tensor]]:
+        """Iterate a DataLoader over the stream (batch_size=None: the micro-batches as
+        they are); state_dict() follows what it gave out."""
+        loader = torch.utils.data.DataLoader(self, batch_size=None, **loader_args)
+        for batch in loader:
+            self.consumed_samples = int(batch["consumed_samples"])
+            yield batch

@@ -1,0 +1,148 @@
+"""Adapters: the torch IterableDataset of a rank's stream (optional: skipped without
+torch) against megatron-core's recorded samplers, under a DataLoader with workers
+and across a state_dict round trip; the grain data source by its protocol."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pickle
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from golden_cases import PUBLIC, expected_samples, write_case_config
+from mmfs.adapters.grain import SampleSource
+from mmfs.loader import Mount
+from mount_fixtures import mounted
+
+
+def _mounted_case(tmp_path: Path, case: str, training: dict):
+    config = write_case_config(case, tmp_path / case)
+    raw = yaml.safe_load(config.read_text())
+    raw["training"] = training
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return mounted(config, tmp_path / "mnt")
+
+
+def _golden_ranks(case: str, layout: str) -> dict:
+    return json.loads((PUBLIC / case / f"ranks-{layout}.json").read_text())["ranks"]
+
+
+def test_loader_imports_neither_torch_nor_grain():
+    code = "import sys, mmfs.loader, mmfs.adapters; print(sorted({'torch', 'grain'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_grain_source_by_its_protocol(tmp_path):
+    with _mounted_case(tmp_path, "p2_blend2_u16", {"data_parallel_size": 4, "micro_batch_size": 2}) as m:
+        source = SampleSource(m.path, "valid")
+        rows = expected_samples("p2_blend2_u16", "valid")
+        assert len(source) == len(rows)
+        want = [r.astype(np.uint16).tobytes() for r in rows]
+        assert [source[i].tobytes() for i in range(len(source))] == want
+        copy = pickle.loads(pickle.dumps(source))
+        assert len(copy) == len(source) and copy[7].tobytes() == want[7]
+        with ThreadPoolExecutor(8) as pool:  # concurrent reads give the same records
+            got = list(pool.map(lambda i: source[i].tobytes(), [i % len(source) for i in range(400)]))
+        assert got == [want[i % len(source)] for i in range(400)]
+        items = SampleSource(m.path, "valid", megatron=True, eod_mask_loss=True)
+        mount = Mount(m.path)
+        item = items[3]
+        for key, value in mount.megatron_item("valid", 3, eod_mask_loss=True).items():
+            assert np.array_equal(item[key], value)
+        with pytest.raises(IndexError):
+            source[len(source)]
+
+
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _ids(batches) -> list[list[int]]:
+    return [b["sample_ids"].tolist() for b in batches]
+
+
+def test_torch_stream_under_workers_and_a_state_dict_round_trip(tmp_path):
+    _torch()
+    from mmfs.adapters.torch import RankStream
+
+    golden = _golden_ranks("p2_blend2_u16", "single_dp4_mb2")["train"]
+    with _mounted_case(tmp_path, "p2_blend2_u16", {"data_parallel_size": 4, "micro_batch_size": 2}) as m:
+        mount = Mount(m.path)
+        stream = RankStream(mount, "train", rank=1)
+        batches = list(stream.batches(num_workers=2))
+        n = len(golden["1"])  # the recording holds the first micro-batches of each rank
+        assert _ids(batches)[:n] == golden["1"]  # Megatron's order, none twice, none lost
+        assert len(batches) == mount.microbatches_per_rank("train")  # the rank's ranks/ files
+        assert [mount.microbatch_samples("train", 1, j) for j in range(n, len(batches))] == _ids(batches)[n:]
+        assert stream.state_dict() == {"consumed_samples": len(batches) * 8}
+        for b in batches[:3]:
+            want = mount.megatron_batch("train", b["sample_ids"].tolist())
+            assert all(np.array_equal(b[k].numpy(), v) for k, v in want.items())
+        # stop after 5 micro-batches, save, resume in a new stream with 2 workers
+        first = RankStream(mount, "train", rank=1)
+        head = list(itertools.islice(first.batches(num_workers=2), 5))
+        state = first.state_dict()
+        assert state == {"consumed_samples": 5 * 8}
+        again = RankStream(mount, "train", rank=1)
+        again.load_state_dict(state)
+        assert _ids(head) + _ids(again.batches(num_workers=2)) == _ids(batches)
+
+
+def test_torch_stream_on_a_changed_layout_reads_every_sample_once(tmp_path):
+    _torch()
+    from mmfs.adapters.torch import RankStream
+
+    with _mounted_case(tmp_path, "p2_blend2_u16", {"data_parallel_size": 4, "micro_batch_size": 2}) as m:
+        mount = Mount(m.path)
+        consumed = 16 * 8  # saved by the dp 4 job; resumed with dp 3, mbs 1
+        seen = []
+        for rank in range(3):
+            stream = RankStream(mount, "train", rank, consumed_samples=consumed, data_parallel_size=3,
+                                micro_batch_size=1)
+            seen += [i for ids in _ids(stream.batches(num_workers=2)) for i in ids]
+        total = mount.samples["train"]
+        read = consumed + (total - consumed) // 3 * 3  # the single sampler drops a last partial batch
+        assert sorted(seen) == list(range(consumed, read))
+
+
+def test_torch_stream_of_the_cyclic_sampler(tmp_path):
+    _torch()
+    from mmfs.adapters.torch import RankStream
+
+    golden = _golden_ranks("p1_single_u16", "cyclic_dp3_mb2_sharded")["train"]
+    training = {"data_parallel_size": 3, "micro_batch_size": 2, "dataloader_type": "cyclic"}
+    with _mounted_case(tmp_path, "p1_single_u16", training) as m:
+        stream = RankStream(Mount(m.path), "train", rank=2)
+        n = len(golden["2"])
+        assert _ids(itertools.islice(stream.batches(num_workers=2), n)) == golden["2"]
+
+
+def test_torch_example_resumes_on_another_data_parallel_size(tmp_path):
+    _torch()
+    example = Path(__file__).resolve().parent.parent / "examples" / "torch_train.py"
+    ckpt = tmp_path / "ckpt.pt"
+    with _mounted_case(tmp_path, "p2_blend2_u16", {"data_parallel_size": 4, "micro_batch_size": 2}) as m:
+        def run(*args: str) -> list[str]:
+            proc = subprocess.run([sys.executable, str(example), str(m.path), "--checkpoint", str(ckpt),
+                                   "--iterations", "3", *args], capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, proc.stderr
+            return proc.stdout.splitlines()
+
+        first = run()
+        assert [line.split()[1] for line in first] == ["8", "16", "24"]
+        resumed = run("--data-parallel-size", "2", "--workers", "1")
+        assert resumed[0] == "resuming at consumed_samples 24"
+        assert [line.split()[1] for line in resumed[1:]] == ["28", "32", "36"]
+        # Megatron's single sampler on dp 2, mbs 2 from 24: rank 0 reads [24, 25], [28, 29], ...
+        want = [f"samples {[24 + 4 * k, 25 + 4 * k]}" for k in range(3)]
+        assert [line[line.rindex("samples ["):] for line in resumed[1:]] == want
