@@ -86,3 +86,22 @@ class RandomSampler:
         for k in range(len(ids) // self.mbs):
             self.consumed_samples += self.group
             yield ids[k * self.mbs:(k + 1) * self.mbs].tolist()
+
+
+def training_stream(dataloader_type: str, total: int, consumed: int, mbs: int, rank: int, dp: int,
+                    data_sharding: bool = True) -> Iterator[list[int]]:
+    """The micro-batches a rank reads from `consumed`, as Megatron's training loop
+    iterates its data loader: `single` once; `cyclic` again and again (cyclic_iter)."""
+    if dataloader_type == "single":
+        yield from single_sampler(total, consumed, mbs, rank, dp)
+        return
+    if dataloader_type != "cyclic":
+        raise SamplerError(f"unknown dataloader_type {dataloader_type!r} (single or cyclic)")
+    sampler = RandomSampler(total, consumed, mbs, rank, dp, data_sharding)
+    while True:
+        count = 0
+        for batch in sampler:
+            count += 1
+            yield batch
+        if count == 0:
+            raise SamplerError("the cyclic sampler produced no micro-batch in a pass")
