@@ -16,8 +16,8 @@ LAYERS = [
     ("mmfs.formats",),
     ("mmfs.config",),
     ("mmfs.megatron",),
-    ("mmfs.mount",),
-    ("mmfs.tools",),
+    ("mmfs.mount", "mmfs.loader"),  # the loader reads what the mount serves
+    ("mmfs.tools", "mmfs.adapters"),  # adapters: optional trainer interfaces over the loader
     ("mmfs.cli", "mmfs.__main__"),
 ]
 # The loader runs in training processes: numpy, the standard library and the
