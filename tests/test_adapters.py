@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -110,6 +111,12 @@ def test_torch_stream_on_a_changed_layout_reads_every_sample_once(tmp_path):
             stream = RankStream(mount, "train", rank, consumed_samples=consumed, data_parallel_size=3,
                                 micro_batch_size=1)
             seen += [i for ids in _ids(stream.batches(num_workers=2)) for i in ids]
+            if rank == 1:  # the same micro-batches as the mount's stream folder of that layout
+                folder = m.path / "train" / "streams" / f"dp=3,mbs=1,from={consumed}" / "001"
+                names = sorted(os.listdir(folder))
+                ids = [[int(x) for x in os.getxattr(folder / n, "user.mmfs.samples").split()] for n in names]
+                assert ids == _ids(RankStream(mount, "train", 1, consumed_samples=consumed, data_parallel_size=3,
+                                              micro_batch_size=1))
         total = mount.samples["train"]
         read = consumed + (total - consumed) // 3 * 3  # the single sampler drops a last partial batch
         assert sorted(seen) == list(range(consumed, read))
