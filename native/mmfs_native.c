@@ -336,27 +336,45 @@ typedef struct {
 
 static __thread block *blocks;
 
-/* n bytes of fd (opening `file`) at pos (within one block) from the block cache. */
-static int cached_pread(int fd, int64_t file, uint8_t *to, int64_t n, int64_t pos) {
-    if (file <= 0) return pread_all(fd, to, n, pos);
+/* n bytes at byte pos of a's file or fetched source (not of its elements). */
+static int source_read(const mmfs_array *a, uint8_t *to, int64_t n, int64_t pos) {
+    if (a->fd >= 0 || !a->fetch) return pread_all(a->fd, to, n, pos);
+    if (a->fetch(a->fetch_ctx, pos, n, to) != n) return fail(MMFS_E_IO, -1, pos, -1, 0);
+    return MMFS_OK;
+}
+
+/* Up to BLOCK_SIZE bytes at pos of a's source into to: how many there are (fewer at
+ * its end), or a negative error. */
+static int64_t read_block(const mmfs_array *a, uint8_t *to, int64_t pos) {
+    if (a->fd < 0 && a->fetch) {
+        int64_t got = a->fetch(a->fetch_ctx, pos, BLOCK_SIZE, to);
+        return got < 0 ? fail(MMFS_E_IO, -1, pos, -1, 0) : got;
+    }
+    ssize_t got;
+    do {
+        got = pread(a->fd, to, BLOCK_SIZE, (off_t)pos);
+    } while (got < 0 && errno == EINTR);
+    return got < 0 ? fail(MMFS_E_IO, a->fd, pos, -1, errno) : got;
+}
+
+/* n bytes of a's source at pos (within one block) from the block cache. */
+static int cached_read(const mmfs_array *a, uint8_t *to, int64_t n, int64_t pos) {
+    if (a->file <= 0) return source_read(a, to, n, pos);
     if (!blocks) {
         blocks = calloc(BLOCKS, sizeof(block));
-        if (!blocks) return pread_all(fd, to, n, pos);
+        if (!blocks) return source_read(a, to, n, pos);
     }
     int64_t number = pos / BLOCK_SIZE, at = pos - number * BLOCK_SIZE;
-    block *b = &blocks[(uint64_t)(number * 31 + file) % BLOCKS];
-    if (b->file != file || b->number != number) {
+    block *b = &blocks[(uint64_t)(number * 31 + a->file) % BLOCKS];
+    if (b->file != a->file || b->number != number) {
         b->file = 0;
-        ssize_t got;
-        do {
-            got = pread(fd, b->data, BLOCK_SIZE, (off_t)(number * BLOCK_SIZE));
-        } while (got < 0 && errno == EINTR);
-        if (got < 0) return fail(MMFS_E_IO, fd, pos, -1, errno);
-        b->file = file;
+        int64_t got = read_block(a, b->data, number * BLOCK_SIZE);
+        if (got < 0) return (int)got;
+        b->file = a->file;
         b->number = number;
         b->length = (int32_t)got;
     }
-    if (at + n > b->length) return fail(MMFS_E_IO, fd, pos, -1, 0); /* past the end */
+    if (at + n > b->length) return fail(MMFS_E_IO, a->fd, pos, -1, 0); /* past the end */
     memcpy(to, b->data + at, (size_t)n);
     return MMFS_OK;
 }
@@ -370,7 +388,7 @@ static int array_bytes(const mmfs_array *a, int64_t first, int64_t n, uint8_t *t
         memcpy(to, a->data + first * item, (size_t)(n * item));
         return MMFS_OK;
     }
-    return pread_all(a->fd, to, n * item, a->offset + first * item);
+    return source_read(a, to, n * item, a->offset + first * item);
 }
 
 /* The same for index entries (a few at a time), through the block cache. */
@@ -382,7 +400,7 @@ static int array_entries(const mmfs_array *a, int64_t first, int64_t n, uint8_t 
     while (left > 0) { /* block by block */
         int64_t in_block = BLOCK_SIZE - pos % BLOCK_SIZE;
         int64_t take = left < in_block ? left : in_block;
-        int rc = cached_pread(a->fd, a->file, to, take, pos);
+        int rc = cached_read(a, to, take, pos);
         if (rc < 0) return rc;
         to += take;
         pos += take;

@@ -58,17 +58,32 @@ int mmfs_build_exhaustive_blending_index(const int64_t *sizes,
                                          int16_t *dataset_index,
                                          int64_t *dataset_sample_index);
 
-/* An array the reader indexes: in memory, or read with pread(2) from a file,
- * so that a long-running reader's resident memory does not grow with what its
- * reads touch (the bytes stay in the page cache, not in its page tables). */
+/* A fetcher of bytes that are neither in memory nor in a local file (an object
+ * in a bucket, or the in-memory test double): fill to[0..n) with bytes
+ * [pos, pos + n) of the source behind ctx and return how many it filled (fewer
+ * than n only at the source's end), or MMFS_E_IO when it cannot (the fetcher
+ * logs why, naming the object and the byte range; the READ that asked gets EIO).
+ * It may be called from any thread serving reads. */
+typedef int64_t (*mmfs_fetch_fn)(void *ctx, int64_t pos, int64_t n, uint8_t *to);
+
+/* An array the reader indexes. Its source kind:
+ *   in memory      data != NULL
+ *   a local file   data NULL, fd >= 0: read with pread(2), so that a long-running
+ *                  reader's resident memory does not grow with what its reads touch
+ *                  (the bytes stay in the page cache, not in its page tables)
+ *   fetched        data NULL, fd < 0, fetch != NULL: bytes come from fetch(fetch_ctx)
+ * Index entries of the last two kinds go through a small block cache per thread.
+ * Readers never look at the kind: they call array_bytes/array_entries. */
 typedef struct {
-    const uint8_t *data;  /* the elements in memory, or NULL: pread them from fd */
+    const uint8_t *data;  /* the elements in memory, or NULL */
     int32_t fd;
-    int64_t file;         /* with fd: unique to this opening of the file in the process
-                           * (keys the block cache: an fd number can be reused) */
-    int64_t offset;       /* byte offset of element 0 in fd's file */
+    int64_t file;         /* with fd or fetch: unique to this opening of the source in the
+                           * process (keys the block cache: an fd number can be reused) */
+    int64_t offset;       /* byte offset of element 0 in the file or fetched source */
     int64_t count;        /* number of elements */
     int32_t dtype;        /* MMIDIDX code of the elements (1..9; 9 = uint32) */
+    mmfs_fetch_fn fetch;  /* the fetched kind's fetcher */
+    void *fetch_ctx;
 } mmfs_array;
 
 /* One token file with its sequence table. */

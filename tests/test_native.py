@@ -9,9 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmfs.errors import NativeError
+from mmfs.formats.base import ArraySpec
 from mmfs.megatron.blend import build_blending_indices, build_exhaustive_blending_indices
 from mmfs.megatron.gpt import GptParams, build_document_index, build_sample_index, plan_epochs
 from mmfs.native import ffi, lib, pointer
+from mmfs.storage.memory import MemorySource
 
 
 def reference_sample_index(sizes, doc_index, S, E, T, drop_last, e):
@@ -113,6 +115,9 @@ def test_samples_cut_the_document_stream(lengths, S, e, num_samples, seed):
         num_sequences = len(sizes)
         document_indices = np.arange(len(sizes) + 1, dtype=np.int64)
         dtype = np.dtype(np.uint16)
+        arrays = {name: ArraySpec(MemorySource(name, arr), 0, arr.dtype, arr.size) for name, arr in (
+            ("tokens", data), ("sequence_lengths", sizes), ("sequence_pointers", sequence_pointers),
+            ("document_indices", document_indices))}
 
     class Gpt:
         spec = type("Spec", (), {"name": "x", "file": "x"})

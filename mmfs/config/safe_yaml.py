@@ -16,7 +16,7 @@ from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
 from mmfs.errors import ConfigError
-from mmfs.formats.base import file_problem
+from mmfs.storage.file import file_problem
 
 MAX_CONFIG_BYTES = 2 << 20  # a blend of 32,766 datasets (Megatron's most) fits
 MAX_DEPTH = 64  # a config nests four or five levels

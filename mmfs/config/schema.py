@@ -24,7 +24,7 @@ from mmfs.config.rampup import (
 )
 from mmfs.config.safe_yaml import read_yaml, show
 from mmfs.errors import ConfigError
-from mmfs.formats.base import file_problem
+from mmfs.formats import dataset_problem, dataset_stem
 
 SPLITS = ("train", "valid", "test")
 
@@ -211,18 +211,6 @@ def parse_split(text: str, checker: _Checker) -> list[float]:
     return parts
 
 
-def _dataset_problem(file: str) -> str | None:
-    """Why there is no dataset at `file` (a .pbin, or a prefix / .idx / .bin), or None."""
-    if file.endswith(".pbin"):
-        problem = file_problem(file)
-        return None if problem is None else f"{file} {problem}"
-    prefix = file[:-4] if file.endswith((".bin", ".idx")) else file
-    problems = {p: file_problem(p) for p in (prefix + ".bin", prefix + ".idx")}
-    if all(v == "file not found" for v in problems.values()):
-        return f"no dataset at {file} (expected {file}.bin and {file}.idx, or a .pbin file)"
-    return next((f"{p}: {v}" for p, v in problems.items() if v is not None), None)
-
-
 def _parse_data_path(text: str, checker: _Checker, key: str) -> list[dict]:
     """Megatron's string form (get_blend_from_list): "PREFIX ...", or "W1 PREFIX1 W2
     PREFIX2 ..." when the word count is even and the first word is a number."""
@@ -272,7 +260,7 @@ def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blen
             raise checker.fail(f"{where}.path", "missing: the dataset prefix or .pbin file")
         path = checker.path_text(entry.get("path"), f"{where}.path", "the dataset prefix or .pbin file")
         file = path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
-        problem = _dataset_problem(file)
+        problem = dataset_problem(file)
         if problem is not None:
             raise checker.fail(f"{where}.path", problem)
         weight = entry.get("weight")
@@ -284,7 +272,7 @@ def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blen
                 )
         name = entry.get("name")
         if name is None:
-            name = os.path.basename(file[:-5] if file.endswith(".pbin") else file)
+            name = os.path.basename(dataset_stem(file))
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._+-]{1,255}", name) \
                 or name in (".", ".."):
             raise checker.fail(

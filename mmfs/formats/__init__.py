@@ -1,36 +1,120 @@
-"""Token files on disk: Megatron's IndexedDataset (.bin/.idx) and Modalities' .pbin."""
+"""Token files: Megatron's IndexedDataset (.bin/.idx) and Modalities' .pbin, in a
+registry. Each format is declared once (`FORMATS`) and recognised by its content
+(the suffix is only a hint for the error message of a file that is neither)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from mmfs.errors import FormatError
-from mmfs.formats.base import file_problem
-from mmfs.formats.indexed import IndexedDataset, prefix_of
+from mmfs.formats import indexed, packed
+from mmfs.formats.base import SequenceDataset
+from mmfs.formats.indexed import IndexedDataset
 from mmfs.formats.packed import PackedDataset
+from mmfs.storage import StorageError, open_source
 
-__all__ = ["IndexedDataset", "PackedDataset", "open_dataset"]
+__all__ = ["FORMATS", "IndexedDataset", "PackedDataset", "dataset_problem", "dataset_stem",
+           "open_dataset"]
 
 
-def open_dataset(path: str | os.PathLike) -> IndexedDataset | PackedDataset:
-    """Open a dataset by path: a `.pbin` file, or a Megatron prefix / `.idx` / `.bin`."""
+@dataclass(frozen=True)
+class Format:
+    name: str
+    suffix: str  # the usual suffix: a hint only
+    head_file: Callable[[str], str]  # a dataset path -> the file whose first bytes tell
+    recognise: Callable[[bytes, int], bool]  # (first bytes, file size) -> this format?
+    stem: Callable[[str], str]  # a dataset path -> the path Megatron names it by
+    open: Callable[[str], SequenceDataset]
+
+
+FORMATS = (
+    Format("megatron-indexed", ".idx", lambda p: indexed.prefix_of(p) + ".idx",
+           indexed.recognise, lambda p: p, IndexedDataset),
+    Format("modalities-packed", ".pbin", lambda p: p, packed.recognise,
+           lambda p: p[: -len(".pbin")] if p.endswith(".pbin") else p, PackedDataset),
+)
+HEAD_BYTES = 16  # enough for every format's signature
+
+
+def _head(path: str) -> tuple[bytes, int] | None:
+    """The first bytes and size of the file at `path`, or None when there is none."""
+    try:
+        source = open_source(path)
+    except StorageError:
+        return None
+    head = bytearray(min(HEAD_BYTES, source.size))
+    try:
+        source.read_into(0, head)
+    except (OSError, StorageError):
+        return None
+    return bytes(head), source.size
+
+
+def find_format(path: str) -> Format | None:
+    """The format whose content is at `path` (None: no format recognises it)."""
+    for fmt in FORMATS:
+        found = _head(fmt.head_file(path))
+        if found is not None and fmt.recognise(*found):
+            return fmt
+    return None
+
+
+def _hinted(path: str) -> Format:
+    """For a path no format recognises: the format its suffix names (a .pbin), else
+    Megatron's prefix convention; its reader then says what is wrong."""
+    return next((f for f in FORMATS if f.suffix != ".idx" and path.endswith(f.suffix)), FORMATS[0])
+
+
+def dataset_stem(path: str) -> str:
+    """The path a dataset is named by (a .pbin without its suffix, a prefix as given)."""
+    return (find_format(path) or _hinted(path)).stem(path)
+
+
+def dataset_problem(path: str) -> str | None:
+    """Why there is no dataset at `path`, or None when a format recognises one there
+    (reads a few bytes; the reader checks the rest when it opens)."""
+    if find_format(path) is not None:
+        return None
+    fmt = _hinted(path)
+    if fmt.name == "modalities-packed":
+        problem = _problem(path)
+        return None if problem is None else f"{path} {problem}"
+    prefix = indexed.prefix_of(path)
+    problems = {p: _problem(p) for p in (prefix + ".bin", prefix + ".idx")}
+    if all(v == "file not found" for v in problems.values()):
+        return f"no dataset at {path} (expected {path}.bin and {path}.idx, or a .pbin file)"
+    return next((f"{p}: {v}" for p, v in problems.items() if v is not None), None)
+
+
+def _problem(path: str) -> str | None:
+    try:
+        open_source(path)
+    except StorageError as exc:
+        return str(exc).removeprefix(f"{path}: ")
+    return None
+
+
+def open_dataset(path: str | os.PathLike) -> SequenceDataset:
+    """Open a dataset by path: a Megatron prefix / `.idx` / `.bin`, or a `.pbin` file,
+    whichever format its content is."""
     path = os.fspath(path)
-    if path.endswith(".pbin"):
-        problem = file_problem(path)
-        if problem is not None:
-            raise FormatError(f"{path}: {problem} (expected a Modalities .pbin file)")
+    fmt = find_format(path)
+    if fmt is not None:
+        return fmt.open(path)
+    if _hinted(path).name == "modalities-packed":
         return PackedDataset(path)
-    prefix = prefix_of(path)
-    if not any(os.path.exists(prefix + s) for s in (".idx", ".bin")):
-        what = "is a directory, not a dataset" if os.path.isdir(path) else (
-            f"no dataset found (no {os.path.basename(prefix)}.idx or .bin)")
+    prefix = indexed.prefix_of(path)
+    if not any(_head(prefix + s) is not None for s in (".idx", ".bin")):
+        if os.path.isdir(path):
+            what = "is a directory, not a dataset"
+        elif _head(path) is not None:
+            what = "not a dataset: no format recognises its content"
+        else:
+            what = f"no dataset found (no {os.path.basename(prefix)}.idx or .bin)"
         raise FormatError(
             f"{path}: {what}; give a Megatron prefix (PREFIX for PREFIX.idx + PREFIX.bin), "
             "its .idx or .bin, or a Modalities .pbin file"
         )
-    for p in (prefix + ".idx", prefix + ".bin"):
-        problem = file_problem(p)
-        if problem is not None:
-            raise FormatError(f"{p}: {problem} (an IndexedDataset needs both "
-                              f"{os.path.basename(prefix)}.idx and .bin as regular files)")
     return IndexedDataset(prefix)

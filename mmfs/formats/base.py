@@ -2,41 +2,45 @@
 documents from the attributes a format class fills in at open.
 
 A subclass sets: path_prefix, idx_path, bin_path, dtype, num_sequences,
-num_documents, sequence_lengths (int32[N]), sequence_pointers (int64[N], byte
-offsets into `data`), document_indices (int64[M+1]), data (uint8 buffer) and
-data_section ((start, end) bytes of `data` that may hold tokens).
+num_documents, arrays (name -> ArraySpec: "tokens", the token file as uint8, and
+"sequence_lengths", "sequence_pointers" (byte offsets into the token file), and
+"document_indices" unless every document is one sequence), sequence_lengths
+(int32[N]), sequence_pointers (int64[N]), document_indices (int64[M+1]) and
+data_section ((start, end) bytes of the token file that may hold tokens).
 """
 
 from __future__ import annotations
 
-import os
-import stat
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from mmfs.errors import FormatError
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"))
+from mmfs.storage.base import Source
 
 
-def file_problem(path: str) -> str | None:
-    """Why `path` cannot be opened as a regular file, or None when it can be.
-    (Opening a FIFO would block, so nothing is opened here.)"""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return "file not found"
-    except ValueError:  # an embedded NUL byte
-        return "not a usable file name"
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror or exc})"
-    if stat.S_ISREG(mode):
-        return None
-    kind = next((what for test, what in _KINDS if test(mode)), "not a file")
-    return f"is {kind}, not a regular file"
+@dataclass(frozen=True)
+class ArraySpec:
+    """Where one of a dataset's arrays lies: `count` elements of `dtype` from byte
+    `offset` of `source`. Every format describes its arrays this way, so readers
+    (the streaming checks, the C core) need no case per format."""
+
+    source: Source
+    offset: int
+    dtype: np.dtype
+    count: int
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Entries [start, start + count) in native byte order, read from the source."""
+        out = np.empty(count, dtype=self.dtype)
+        got = self.source.read_into(self.offset + start * self.dtype.itemsize,
+                                    memoryview(out).cast("B"))
+        if got != out.nbytes:  # the file shrank after it was opened
+            raise FormatError(f"{self.source.url}: ends inside an array at entry "
+                              f"{start + got // self.dtype.itemsize}; the file was truncated "
+                              "while open")
+        return out if self.dtype.isnative else out.astype(self.dtype.newbyteorder("="))
 
 
 class SequenceDataset:
@@ -51,7 +55,7 @@ class SequenceDataset:
     sequence_lengths: np.ndarray
     sequence_pointers: np.ndarray
     document_indices: np.ndarray
-    data: np.ndarray
+    arrays: dict[str, ArraySpec]
     data_section: tuple[int, int]
     # True when the format makes every document one sequence (document_indices is
     # 0..N by construction: nothing to check, no need to build it)
@@ -92,12 +96,21 @@ class SequenceDataset:
                 f"{self.bin_path}: sequence {seq} points to bytes {start}..{stop}, outside the "
                 f"token data (bytes {lo}..{hi}); run `mmfs verify {self.path_prefix}`"
             )
+        if self._buffer is None:  # a source that cannot be mapped: read these bytes
+            return ArraySpec(self.arrays["tokens"].source, start, self.dtype, length).read(0, length)
         return np.frombuffer(self._buffer, dtype=self.dtype, count=length, offset=start)
 
     @cached_property
-    def _buffer(self) -> memoryview:
+    def data(self) -> np.ndarray | None:
+        """The token file as uint8, mapped (or in memory; None for a source that cannot
+        be mapped): sequence pointers index it."""
+        source = self.arrays["tokens"].source
+        return source.map() if hasattr(source, "map") else None
+
+    @cached_property
+    def _buffer(self) -> memoryview | None:
         # frombuffer on a memoryview is cheaper than on the memmap object itself
-        return memoryview(self.data)
+        return None if self.data is None else memoryview(self.data)
 
     def __getitem__(self, key):
         if isinstance(key, slice):

@@ -24,34 +24,25 @@ def iter_array(ds, name: str, chunk: int = CHUNK, begin: int = 0,
                end: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
     """(first index, values) chunks of entries [begin, end) of the array `name` of
     dataset `ds` (end None: to the last entry)."""
-    layout = getattr(ds, "array_layout", {}).get(name)
-    if layout is None:  # an in-memory array (.pbin): slicing costs nothing
+    spec = ds.arrays.get(name)
+    if spec is None:  # an array the format makes up (a .pbin's 0..N document bounds)
         arr = getattr(ds, name)
         stop = len(arr) if end is None else min(end, len(arr))
         for start in range(begin, stop, chunk):
             yield start, np.asarray(arr[start : min(start + chunk, stop)])
         return
-    offset, dtype, count = layout
-    count = count if end is None else min(end, count)
-    with open(ds.idx_path, "rb", buffering=0) as f:
-        f.seek(offset + begin * dtype.itemsize)
+    count = spec.count if end is None else min(end, spec.count)
+    with spec.source.opened():
         for start in range(begin, count, chunk):
-            k = min(chunk, count - start)
-            out = np.empty(k, dtype=dtype)
-            got = f.readinto(memoryview(out).cast("B"))
-            if got != out.nbytes:  # the file shrank after it was opened
-                raise FormatError(f"{ds.idx_path}: ends inside {name} at entry "
-                                  f"{start + got // dtype.itemsize}; the file was truncated")
-            yield start, out
+            yield start, spec.read(start, min(chunk, count - start))
 
 
 def element_offset(ds, name: str, i: int) -> str:
     """'name[i] (byte B of the .idx)' when the array lives in a file, else 'name[i]'."""
-    layout = getattr(ds, "array_layout", {}).get(name)
-    if layout is None:
+    spec = ds.arrays.get(name)
+    if spec is None or spec.source.url != ds.idx_path:  # not in the index file
         return f"{name}[{i}]"
-    offset, dtype, _ = layout
-    return f"{name}[{i}] (byte {offset + i * dtype.itemsize})"
+    return f"{name}[{i}] (byte {spec.offset + i * spec.dtype.itemsize})"
 
 
 class Progress:

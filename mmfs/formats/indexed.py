@@ -24,8 +24,9 @@ from functools import cached_property
 import numpy as np
 
 from mmfs.errors import FormatError
-from mmfs.formats.base import SequenceDataset
+from mmfs.formats.base import ArraySpec, SequenceDataset
 from mmfs.formats.dtypes import CODE_TO_DTYPE
+from mmfs.storage import StorageError, open_source
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -42,39 +43,40 @@ def prefix_of(path: str | os.PathLike) -> str:
     return path
 
 
+def recognise(head: bytes, size: int) -> bool:
+    """An MMIDIDX index: its magic bytes."""
+    return head.startswith(MAGIC)
+
+
 class IndexedDataset(SequenceDataset):
     """A memory-mapped Megatron IndexedDataset.
 
     Attributes: path_prefix, idx_path, bin_path, dtype (numpy), dtype_code,
     sequence_lengths (int32[N]), sequence_pointers (int64[N]),
     document_indices (int64[M+1]), sequence_modes (int8[N] or None),
-    data (uint8 memmap of the whole .bin; sequence pointers index into it),
+    data (uint8 map of the whole .bin; sequence pointers index into it),
     data_section ((start, end) bytes of `data` that hold tokens: the whole .bin),
-    array_layout (name -> (byte offset in the .idx, dtype, count) of each array,
-    for readers that stream the index in chunks instead of paging it all in).
+    idx and bin (their sources), arrays (name -> ArraySpec of each array, for
+    readers that stream the index in chunks instead of paging it all in).
     """
 
     format_name = "megatron-indexed"
-    _fd: int | None = None
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path_prefix = prefix_of(path)
         self.idx_path = self.path_prefix + ".idx"
         self.bin_path = self.path_prefix + ".bin"
-        for p in (self.idx_path, self.bin_path):
-            if not os.path.isfile(p):
-                raise FormatError(
-                    f"{p}: file not found (an IndexedDataset needs both "
-                    f"{os.path.basename(self.idx_path)} and {os.path.basename(self.bin_path)})"
-                )
         try:
-            with open(self.idx_path, "rb", buffering=0) as f:
-                self._fd = f.fileno()  # for the header and spot reads of opening
-                try:
-                    self._open_index()
-                    self._open_data()
-                finally:
-                    self._fd = None
+            self.idx = open_source(self.idx_path)
+            self.bin = open_source(self.bin_path)
+        except StorageError as exc:
+            raise FormatError(
+                f"{exc} (an IndexedDataset needs both {os.path.basename(self.idx_path)} and "
+                f"{os.path.basename(self.bin_path)})") from None
+        try:
+            with self.idx.opened():
+                self._open_index()
+                self._open_data()
         except OSError as exc:  # unreadable file, not a bug: one line for the user
             raise FormatError(f"{exc.filename or self.path_prefix}: cannot read "
                               f"({exc.strerror or exc}); check the file's permissions") from None
@@ -82,17 +84,17 @@ class IndexedDataset(SequenceDataset):
     # -- opening ---------------------------------------------------------
 
     def _open_index(self) -> None:
-        idx_size = os.path.getsize(self.idx_path)
+        idx_size = self.idx.size
         if idx_size < HEADER_SIZE:
             raise FormatError(
                 f"{self.idx_path}: {idx_size} bytes is shorter than the {HEADER_SIZE}-byte "
                 "MMIDIDX header; the file is truncated or not an IndexedDataset index"
             )
-        magic, version, code, n, doc_count = HEADER.unpack(os.pread(self._fd, HEADER_SIZE, 0))
+        magic, version, code, n, doc_count = HEADER.unpack(self._read_bytes(0, HEADER_SIZE))
         if magic != MAGIC:
             raise FormatError(
                 f"{self.idx_path}: bad magic {magic!r} at byte 0 (expected {MAGIC!r}); "
-                "not a Megatron IndexedDataset index (Modalities files need the .pbin suffix)"
+                "not a Megatron IndexedDataset index"
             )
         if version != VERSION:
             raise FormatError(
@@ -127,13 +129,14 @@ class IndexedDataset(SequenceDataset):
         off_ptr = HEADER_SIZE + 4 * n
         off_doc = off_ptr + 8 * n
         off_mode = off_doc + 8 * doc_count
-        self.array_layout = {
-            "sequence_lengths": (HEADER_SIZE, np.dtype("<i4"), n),
-            "sequence_pointers": (off_ptr, np.dtype("<i8"), n),
-            "document_indices": (off_doc, np.dtype("<i8"), doc_count),
+        self.arrays = {
+            "tokens": ArraySpec(self.bin, 0, np.dtype(np.uint8), self.bin.size),
+            "sequence_lengths": ArraySpec(self.idx, HEADER_SIZE, np.dtype("<i4"), n),
+            "sequence_pointers": ArraySpec(self.idx, off_ptr, np.dtype("<i8"), n),
+            "document_indices": ArraySpec(self.idx, off_doc, np.dtype("<i8"), doc_count),
         }
         if self.multimodal:
-            self.array_layout["sequence_modes"] = (off_mode, np.dtype("i1"), n)
+            self.arrays["sequence_modes"] = ArraySpec(self.idx, off_mode, np.dtype("i1"), n)
 
     # -- arrays, mapped on first use ---------------------------------------
     # Opening reads the header and a few spot values with pread and maps nothing:
@@ -143,11 +146,14 @@ class IndexedDataset(SequenceDataset):
     def _idx_map(self) -> np.ndarray:
         # Plain ndarray views of the map: indexing a np.memmap goes through a Python-level
         # __getitem__, which costs more than the rest of a sequence read.
-        return np.memmap(self.idx_path, dtype=np.uint8, mode="r").view(np.ndarray)
+        return self.idx.map().view(np.ndarray)
 
     def _mapped(self, name: str) -> np.ndarray:
-        offset, dtype, count = self.array_layout[name]
-        return self._idx_map[offset : offset + dtype.itemsize * count].view(dtype.newbyteorder("="))
+        spec = self.arrays[name]
+        if not hasattr(self.idx, "map"):  # a source that cannot be mapped: read it whole
+            return spec.read(0, spec.count)
+        size = spec.dtype.itemsize * spec.count
+        return self._idx_map[spec.offset : spec.offset + size].view(spec.dtype.newbyteorder("="))
 
     @cached_property
     def sequence_lengths(self) -> np.ndarray:
@@ -166,12 +172,6 @@ class IndexedDataset(SequenceDataset):
         return self._mapped("sequence_modes") if self.multimodal else None
 
     @cached_property
-    def data(self) -> np.ndarray:
-        if self.bin_size:
-            return np.memmap(self.bin_path, dtype=np.uint8, mode="r")
-        return np.zeros(0, dtype=np.uint8)
-
-    @cached_property
     def num_tokens(self) -> int:
         """Sum of the sequence lengths, read with pread in chunks: the length array
         is never mapped, so a long-running reader (the mount) keeps none of it."""
@@ -187,17 +187,14 @@ class IndexedDataset(SequenceDataset):
         return self._read("sequence_lengths", 0, self.num_sequences)
 
     def _read(self, name: str, start: int, count: int) -> np.ndarray:
-        offset, dtype, _ = self.array_layout[name]
-        at, size = offset + dtype.itemsize * start, dtype.itemsize * count
-        if self._fd is not None:
-            raw = os.pread(self._fd, size, at)
-        else:
-            with open(self.idx_path, "rb", buffering=0) as f:
-                raw = os.pread(f.fileno(), size, at)
-        if len(raw) != dtype.itemsize * count:
+        return self.arrays[name].read(start, count)
+
+    def _read_bytes(self, offset: int, size: int) -> bytes:
+        raw = bytearray(size)
+        if self.idx.read_into(offset, raw) != size:
             raise FormatError(f"{self.idx_path}: shorter than its header says; the file was "
                               "truncated while open")
-        return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="))
+        return bytes(raw)
 
     def _spot(self, name: str, index: int) -> int:
         return int(self._read(name, index, 1)[0])
@@ -205,7 +202,7 @@ class IndexedDataset(SequenceDataset):
     def _open_data(self) -> None:
         # O(1) spot checks of what Megatron's writer guarantees: the first and last
         # sequence and both ends of document_indices. `mmfs verify` checks the rest.
-        self.bin_size = os.path.getsize(self.bin_path)
+        self.bin_size = self.bin.size
         self.data_section = (0, self.bin_size)
         n = self.num_sequences
         item = self.dtype.itemsize
@@ -225,7 +222,7 @@ class IndexedDataset(SequenceDataset):
                     f"has {self.bin_size} bytes; the .bin is truncated or does not belong to "
                     "this .idx (rebuild or re-copy both files)"
                 )
-        off_doc = self.array_layout["document_indices"][0]
+        off_doc = self.arrays["document_indices"].offset
         first = self._spot("document_indices", 0)
         last = self._spot("document_indices", self.num_documents)
         if first != 0:

@@ -29,9 +29,12 @@ from functools import cached_property
 import numpy as np
 
 from mmfs.errors import FormatError
-from mmfs.formats.base import SequenceDataset
+from mmfs.formats.base import ArraySpec, SequenceDataset
 from mmfs.formats.dtypes import native_code
 from mmfs.native import ffi, lib
+from mmfs.storage import StorageError, open_source
+from mmfs.storage.file import FileSource
+from mmfs.storage.memory import MemorySource
 
 HEADER = struct.Struct("<QI")  # data-section length, token size
 HEADER_SIZE = HEADER.size  # 12
@@ -46,6 +49,15 @@ _PROBLEMS = {
     5: "ends past the {d}-byte data section",
 }
 log = logging.getLogger(__name__)
+
+
+def recognise(head: bytes, size: int) -> bool:
+    """A .pbin: a token size of 1, 2 or 4 bytes and a data section that ends inside
+    the file (the index follows it)."""
+    if len(head) < HEADER_SIZE:
+        return False
+    data_len, token_size = HEADER.unpack_from(head)
+    return token_size in TOKEN_DTYPES and HEADER_SIZE + data_len < size
 
 
 class _DataOnlyUnpickler(pickle.Unpickler):
@@ -72,10 +84,13 @@ class PackedDataset(SequenceDataset):
     def __init__(self, path: str | os.PathLike) -> None:
         path = os.fspath(path)
         self.path_prefix = self.idx_path = self.bin_path = path
-        if not os.path.isfile(path):
-            raise FormatError(f"{path}: file not found (expected a Modalities .pbin file)")
         try:
-            self._open()
+            self.source = open_source(path)
+        except StorageError as exc:
+            raise FormatError(f"{exc} (expected a Modalities .pbin file)") from None
+        try:
+            with self.source.opened():
+                self._open()
         except OSError as exc:
             raise FormatError(f"{path}: cannot read ({exc.strerror or exc}); "
                               "check the file's permissions") from None
@@ -84,41 +99,49 @@ class PackedDataset(SequenceDataset):
         return FormatError(f"{self.bin_path}: {what}")
 
     def _open(self) -> None:
-        size = os.path.getsize(self.bin_path)
-        self.bin_size = size
+        size = self.bin_size = self.source.size
         if size < HEADER_SIZE:
             raise self._fail(f"{size} bytes is shorter than the {HEADER_SIZE}-byte .pbin "
                              "header; the file is truncated or not a Modalities packed file")
-        with open(self.bin_path, "rb") as f:
-            data_len, token_size = HEADER.unpack(f.read(HEADER_SIZE))
-            if token_size not in TOKEN_DTYPES:
-                raise self._fail(f"token size {token_size} at byte 8 is not 1, 2 or 4; the file "
-                                 "is corrupt or not a Modalities packed file")
-            end = HEADER_SIZE + data_len
-            if end > size:
-                raise self._fail(f"data-section length {data_len} at byte 0 reaches byte {end}, "
-                                 f"past the end of the {size}-byte file; the file is truncated")
-            if end == size:
-                raise self._fail(f"no index after the data section (byte {end}); the file is "
-                                 "truncated")
-            self.data_len = data_len
-            self.data_section = (HEADER_SIZE, end)
-            self.dtype = TOKEN_DTYPES[token_size]
-            self.dtype_code = native_code(self.dtype)
-            cached = self._load_cached_index(os.fstat(f.fileno()))
-            if cached is None:
-                pointers, lengths = self._read_index(f, end, token_size)
-                self._save_cached_index(os.fstat(f.fileno()), pointers, lengths)
-            else:
-                pointers, lengths = cached
+        head = bytearray(HEADER_SIZE)
+        self.source.read_into(0, head)
+        data_len, token_size = HEADER.unpack(head)
+        if token_size not in TOKEN_DTYPES:
+            raise self._fail(f"token size {token_size} at byte 8 is not 1, 2 or 4; the file "
+                             "is corrupt or not a Modalities packed file")
+        end = HEADER_SIZE + data_len
+        if end > size:
+            raise self._fail(f"data-section length {data_len} at byte 0 reaches byte {end}, "
+                             f"past the end of the {size}-byte file; the file is truncated")
+        if end == size:
+            raise self._fail(f"no index after the data section (byte {end}); the file is "
+                             "truncated")
+        self.data_len = data_len
+        self.data_section = (HEADER_SIZE, end)
+        self.dtype = TOKEN_DTYPES[token_size]
+        self.dtype_code = native_code(self.dtype)
+        local = isinstance(self.source, FileSource)
+        cached = self._load_cached_index() if local else None
+        if cached is None:
+            pointers, lengths = self._read_index(end, token_size)
+            if local:
+                self._save_cached_index(pointers, lengths)
+        else:
+            pointers, lengths = cached
         n = lengths.size
         self.num_sequences = self.num_documents = n
         self.multimodal = False
         self.sequence_modes = None
         self.sequence_lengths = lengths
         self.sequence_pointers = pointers
-        self.data = (np.memmap(self.bin_path, dtype=np.uint8, mode="r") if size
-                     else np.zeros(0, np.uint8))
+        # The index is parsed into memory (or mapped from its cache): arrays in memory.
+        self.arrays = {
+            "tokens": ArraySpec(self.source, 0, np.dtype(np.uint8), size),
+            "sequence_lengths": ArraySpec(MemorySource(f"{path_of(self)}#lengths", lengths),
+                                          0, lengths.dtype, n),
+            "sequence_pointers": ArraySpec(MemorySource(f"{path_of(self)}#pointers", pointers),
+                                           0, pointers.dtype, n),
+        }
 
     @cached_property
     def document_indices(self) -> np.ndarray:
@@ -132,15 +155,16 @@ class PackedDataset(SequenceDataset):
         return os.path.join(self.bin_path[: -len(".pbin")] if self.bin_path.endswith(".pbin")
                             else self.bin_path, "cache", "PackedDataset_index")
 
-    def _cache_paths(self, st: os.stat_result) -> tuple[str, str]:
+    def _cache_paths(self) -> tuple[str, str]:
+        size, mtime_ns, _ = self.source.identity
         base = os.path.join(self.index_cache_dir, f"{os.path.basename(self.bin_path)}-"
-                                                  f"{st.st_size}-{st.st_mtime_ns}")
+                                                  f"{size}-{mtime_ns}")
         return base + "-pointers.npy", base + "-lengths.npy"
 
-    def _load_cached_index(self, st: os.stat_result) -> tuple[np.ndarray, np.ndarray] | None:
+    def _load_cached_index(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The parsed index if a cache file for this size and mtime is sound; O(1)."""
         arrays = []
-        for path, dtype in zip(self._cache_paths(st), ("int64", "int32")):
+        for path, dtype in zip(self._cache_paths(), ("int64", "int32")):
             try:
                 arrays.append(np.load(path, mmap_mode="r", allow_pickle=False))
             except (OSError, ValueError):
@@ -153,8 +177,7 @@ class PackedDataset(SequenceDataset):
         # plain ndarray views of the maps: np.memmap's __getitem__ is slow
         return pointers.view(np.ndarray), lengths.view(np.ndarray)
 
-    def _save_cached_index(self, st: os.stat_result, pointers: np.ndarray,
-                           lengths: np.ndarray) -> None:
+    def _save_cached_index(self, pointers: np.ndarray, lengths: np.ndarray) -> None:
         """Best effort: a folder that cannot take it only costs the next open a parse."""
         if pointers.size < CACHE_FROM:
             return
@@ -165,7 +188,7 @@ class PackedDataset(SequenceDataset):
             for name in os.listdir(folder):  # an older version's index
                 if name.startswith(stem) and name.endswith(".npy"):
                     os.unlink(os.path.join(folder, name))
-            for path, array in zip(self._cache_paths(st), (pointers, lengths)):
+            for path, array in zip(self._cache_paths(), (pointers, lengths)):
                 tmp = f"{path}.tmp-{os.getpid()}"
                 with open(tmp, "wb") as out:
                     np.save(out, array)
@@ -173,10 +196,23 @@ class PackedDataset(SequenceDataset):
         except OSError as exc:
             log.debug("%s: index not cached in %s (%s)", self.bin_path, folder, exc)
 
-    def _read_index(self, f, at: int, token_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def _read_index(self, at: int, token_size: int) -> tuple[np.ndarray, np.ndarray]:
         """(sequence pointers int64, lengths in tokens int32), every entry checked:
-        by the streaming reader, or, for a pickle it does not know, the Unpickler."""
-        fd, end = f.fileno(), self.bin_size
+        by the streaming reader in C (a local file), or the Unpickler."""
+        if isinstance(self.source, FileSource):
+            with open(self.source.path, "rb") as f:
+                parsed = self._parse_file_index(f.fileno(), at, token_size)
+            if parsed is not None:
+                return parsed
+        raw = bytearray(self.bin_size - at)
+        self.source.read_into(at, raw)
+        offsets, byte_lengths = self._parse_index(bytes(raw), at, token_size)
+        return offsets + HEADER_SIZE, (byte_lengths // token_size).astype(np.int32)
+
+    def _parse_file_index(self, fd: int, at: int, token_size: int):
+        """The C streaming reader's (pointers, lengths), or None for a pickle it does
+        not know."""
+        end = self.bin_size
         count, problem = ffi.new("int64_t *"), ffi.new("int32_t *")
         bad = ffi.new("int64_t[2]")
         # One pass into arrays sized for the most pairs the pickle can hold (5 bytes
@@ -200,9 +236,7 @@ class PackedDataset(SequenceDataset):
             return offsets, lengths
         if rc == lib.MMFS_E_IO:
             raise OSError(f"{self.bin_path}: read failed")
-        f.seek(at)
-        offsets, byte_lengths = self._parse_index(f.read(), at, token_size)
-        return offsets + HEADER_SIZE, (byte_lengths // token_size).astype(np.int32)
+        return None
 
     def _parse_index(self, raw: bytes, at: int, token_size: int) -> tuple[np.ndarray, np.ndarray]:
         """(offsets, byte lengths) as int64 arrays, every entry checked."""
@@ -243,6 +277,10 @@ class PackedDataset(SequenceDataset):
                 raise self._fail(f"{where}: entry {i} (offset {int(offsets[i])}, length "
                                  f"{int(lengths[i])}) {what}; the file is corrupt")
         return offsets, lengths
+
+
+def path_of(ds: PackedDataset) -> str:
+    return ds.bin_path
 
 
 def _is_int_pair(entry) -> bool:

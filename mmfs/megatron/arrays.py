@@ -15,16 +15,50 @@ error naming the file, never a crash.
 from __future__ import annotations
 
 import itertools
+import logging
 import mmap
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from mmfs.errors import FormatError
+from mmfs.errors import FormatError, MmfsError
 from mmfs.formats.dtypes import native_code
 from mmfs.megatron.cache import CachedArray
-from mmfs.native import ffi
+from mmfs.native import ffi, lib
+from mmfs.storage.file import FileSource
+from mmfs.storage.memory import MemorySource
+
+log = logging.getLogger(__name__)
+
+
+class FetchedArray(NamedTuple):
+    """An array of a source that is neither in memory nor a local file: the C core
+    reads it through the source's fetcher (the fetched kind of mmfs_array)."""
+
+    source: Any
+    offset: int
+    dtype: np.dtype
+    count: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.dtype.itemsize
+
+
+def _fetch(ctx, pos: int, n: int, to) -> int:
+    """mmfs_fetch_fn: bytes of the source behind ctx, for the C core."""
+    source = ffi.from_handle(ctx)
+    try:
+        return source.read_into(pos, ffi.buffer(to, n))
+    except (MmfsError, OSError) as exc:
+        log.error("%s", exc)
+        return lib.MMFS_E_IO
+
+
+# One C entry point for every fetched source (the source is its ctx); an exception it
+# does not expect is EIO for the READ that asked, never a crash.
+_FETCH = ffi.callback("mmfs_fetch_fn", _fetch, error=lib.MMFS_E_IO)
 
 
 def file_region(array: np.ndarray) -> tuple[str, int] | None:
@@ -87,9 +121,35 @@ class ArrayPlacer:
         self._within: list[tuple[tuple[str, int], np.ndarray]] = []  # kept within the limit
         self._by_region: dict[tuple[str, int], list[Any]] = {}  # structs placed on each file region
         self._copies: list[np.ndarray] = []  # what load() made
+        self._handles: dict[int, tuple[Any, int]] = {}  # id(source) -> (ctx handle, file)
         self.mapped_bytes = 0  # file-backed, mapped (or copied by load())
         self.pread_bytes = 0   # file-backed, read with pread
         self.memory_bytes = 0  # not file-backed: held in the process's memory
+        self.fetched_bytes = 0  # read through a source's fetcher
+
+    @staticmethod
+    def source_array(source: Any, offset: int, dtype: np.dtype, count: int) -> Any:
+        """`count` elements of `dtype` at byte `offset` of a source, as place() takes
+        them: a region of a local file (unmapped), memory, or a fetched array."""
+        dtype = np.dtype(dtype)
+        if isinstance(source, FileSource):
+            return CachedArray(source.path, dtype, (count,), offset)
+        if isinstance(source, MemorySource):
+            raw = source.map()[offset : offset + count * dtype.itemsize]
+            return raw.view(dtype)
+        return FetchedArray(source, offset, dtype, count)
+
+    def _place_fetched(self, c: Any, array: FetchedArray) -> FetchedArray:
+        handle, file = self._handles.get(id(array.source), (None, 0))
+        if handle is None:
+            handle, file = ffi.new_handle(array.source), next(_openings)
+            self._handles[id(array.source)] = (handle, file)
+        c.dtype = native_code(array.dtype)
+        c.count = array.count
+        c.data, c.fd, c.file, c.offset = ffi.NULL, -1, file, array.offset
+        c.fetch, c.fetch_ctx = _FETCH, handle
+        self.fetched_bytes += array.nbytes
+        return array
 
     def place(self, c: Any, array: Any) -> Any:
         """Describe `array` (made native and contiguous) in the struct c; returns
@@ -98,6 +158,8 @@ class ArrayPlacer:
         An array still in its cache file (a CachedArray, not mapped) stays unmapped
         under a map limit: finish() decides whether load() copies it or the C
         core preads it. Without a limit it is mapped here."""
+        if isinstance(array, FetchedArray):
+            return self._place_fetched(c, array)
         if isinstance(array, CachedArray):
             if self.map_limit is not None and array.dtype.isnative and array.size:
                 c.dtype = native_code(array.dtype)

@@ -21,6 +21,7 @@ import numpy as np
 
 from mmfs.config.schema import SPLITS, Config, DatasetSpec
 from mmfs.errors import CacheError, ConfigError
+from mmfs.formats import dataset_stem
 from mmfs.megatron.arrays import file_region
 from mmfs.megatron.blend import (
     MAX_DATASETS,
@@ -162,8 +163,7 @@ class _Descriptions:
 def default_cache_dir(spec: DatasetSpec, class_name: str = "GPTDataset") -> str:
     """Megatron's default: <dataset prefix>/cache/<Class>_indices. (Megatron does not
     cache blends without a cache path; mmfs keeps them beside the first dataset's.)"""
-    prefix = spec.file[:-5] if spec.file.endswith(".pbin") else spec.file
-    return os.path.join(prefix, "cache", f"{class_name}_indices")
+    return os.path.join(dataset_stem(spec.file), "cache", f"{class_name}_indices")
 
 
 class _Task:

@@ -12,11 +12,8 @@ import numpy as np
 
 from mmfs.errors import NativeError
 from mmfs.formats.dtypes import native_code
-from mmfs.formats.indexed import IndexedDataset
-from mmfs.formats.packed import PackedDataset
 from mmfs.megatron.arrays import ArrayPlacer
 from mmfs.megatron.builder import GptIndices, SplitIndices
-from mmfs.megatron.cache import CachedArray
 from mmfs.native import check, ffi, lib
 
 
@@ -29,7 +26,7 @@ class TokenSource:
         c = ffi.new("mmfs_source *")
         c.dtype = native_code(dataset.dtype)
         self._keep = (
-            placer.place(c.bytes, self._array("data")),
+            placer.place(c.bytes, self._array("tokens")),
             placer.place(c.lengths, self._array("sequence_lengths")),
             placer.place(c.pointers, self._array("sequence_pointers")),
         )
@@ -37,20 +34,15 @@ class TokenSource:
         # Its documents: sequence ranges, or (a .pbin) one sequence each.
         docs = ffi.new("mmfs_documents *")
         docs.source = c
-        if not isinstance(dataset, PackedDataset):
+        if "document_indices" in dataset.arrays:  # else every document is one sequence
             self._bounds = placer.place(docs.bounds, self._array("document_indices"))
         self.documents_c = docs
 
     def _array(self, name: str):
-        """An IndexedDataset's array where it lies in its file, unmapped (the placer
-        maps, copies or preads it), or the dataset's own array."""
-        ds = self.dataset
-        if not isinstance(ds, IndexedDataset):
-            return getattr(ds, name)
-        if name == "data":
-            return CachedArray(ds.bin_path, np.dtype(np.uint8), (ds.bin_size,), 0)
-        offset, dtype, count = ds.array_layout[name]
-        return CachedArray(ds.idx_path, dtype, (count,), offset)
+        """A dataset's array as its source holds it: where it lies in a file, unmapped
+        (the placer maps, copies or preads it), in memory, or fetched on demand."""
+        spec = self.dataset.arrays[name]
+        return self._placer.source_array(spec.source, spec.offset, spec.dtype, spec.count)
 
 
 _serials = itertools.count(1)  # one per mmfs_gpt struct: see its `serial`

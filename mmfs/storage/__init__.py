@@ -1,5 +1,31 @@
-"""Where a dataset's bytes come from: a *source* (a local file, an in-memory buffer for
+"""Where a dataset's bytes come from: a *source* (a local file, bytes in memory for
 tests, an object in a bucket), chosen once from the path when a dataset is opened.
 
 Every byte of a dataset is reached through `Source.read_into`; formats and readers
-never open files themselves. See `base.py` for the interface."""
+never open dataset files themselves. See `base.py` for the interface."""
+
+from __future__ import annotations
+
+from mmfs.storage import memory  # noqa: F401 - registers mem:// (the in-memory test double)
+from mmfs.storage.base import Source, StorageError, opener_for, scheme_of
+from mmfs.storage.file import FileSource
+
+
+def open_source(path: str, **options) -> Source:
+    """The source at `path`: a registered scheme's backend for a URL, else a local file.
+    Raises StorageError naming `path` when there is nothing there to read."""
+    opener = opener_for(path)
+    if opener is not None:
+        return opener(path, **options)
+    if scheme_of(path) is not None:
+        raise StorageError(f"{path}: no storage backend for {scheme_of(path)}:// URLs here")
+    return FileSource(path)
+
+
+def exists(path: str) -> bool:
+    """Whether a source can be opened at `path` (a missing object or file: False)."""
+    try:
+        open_source(path)
+    except StorageError:
+        return False
+    return True

@@ -8,6 +8,7 @@ Readers hold a source, never a path; backends register a URL scheme once
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Callable, Protocol, runtime_checkable
 
 from mmfs.errors import MmfsError
@@ -29,6 +30,10 @@ class Source(Protocol):
         range on failure, never returns bytes of a changed source."""
         ...
 
+    def opened(self) -> AbstractContextManager:
+        """A block inside which reads may share one connection or file descriptor."""
+        ...
+
 
 # scheme ("s3", "msc", ...) -> opener(url, options) -> Source
 _OPENERS: dict[str, Callable[..., Source]] = {}
@@ -47,3 +52,4 @@ def opener_for(path: str) -> Callable[..., Source] | None:
     """The registered opener for a URL's scheme, or None for a local path."""
     scheme = scheme_of(path)
     return None if scheme is None else _OPENERS.get(scheme)
+

@@ -1,0 +1,97 @@
+"""A local file as a source: positional reads with pread, and a map where a reader
+wants one (the fast paths of local data stay as they were)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+from mmfs.storage.base import StorageError
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def file_problem(path: str) -> str | None:
+    """Why `path` cannot be opened as a regular file, or None when it can be.
+    (Opening a FIFO would block, so nothing is opened here.)"""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "file not found"
+    except ValueError:  # an embedded NUL byte
+        return "not a usable file name"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((what for test, what in _KINDS if test(mode)), "not a file")
+    return f"is {kind}, not a regular file"
+
+
+class FileSource:
+    """A regular file. Its identity is (size, mtime_ns, inode) at open."""
+
+    def __init__(self, path: str) -> None:
+        problem = file_problem(path)
+        if problem is not None:
+            raise StorageError(f"{path}: {problem}")
+        st = os.stat(path)
+        self.url = self.path = path
+        self.size = st.st_size
+        self.identity = (st.st_size, st.st_mtime_ns, st.st_ino)
+
+    _fd: int | None = None
+
+    @contextmanager
+    def opened(self) -> Iterator[None]:
+        """Keep the file open for the reads inside the block (opening a dataset reads
+        its header and a few spot values: one open, not one per read)."""
+        if self._fd is not None:
+            yield
+            return
+        self._fd = self._open()
+        try:
+            yield
+        finally:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def _open(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StorageError(f"{self.path}: cannot read ({exc.strerror or exc}); "
+                               "check the file's permissions") from None
+
+    def read_into(self, offset: int, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._fd is not None:
+            return read_fd_into(self._fd, offset, view)
+        fd = self._open()
+        try:
+            return read_fd_into(fd, offset, view)
+        finally:
+            os.close(fd)
+
+    def map(self) -> np.ndarray:
+        """The whole file as a read-only uint8 array (a map; empty files: an empty array)."""
+        if not self.size:
+            return np.zeros(0, np.uint8)
+        return np.memmap(self.path, dtype=np.uint8, mode="r")
+
+
+def read_fd_into(fd: int, offset: int, view: memoryview) -> int:
+    """Fill `view` from fd at `offset`; the bytes read (fewer only at the end of the file)."""
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
