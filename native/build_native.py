@@ -17,7 +17,7 @@ CONTRACT = runpy.run_path(str(HERE.parent / "mmfs" / "mount" / "contract.py"))
 (HERE / "mmfs_contract.h").write_text(CONTRACT["c_header"]())
 HEADERS = ("mmfs_native.h", "mmfs_views.h", "mmfs_fuse.h", "mmfs_randperm.h")
 HEADER = "\n".join((HERE / name).read_text() for name in HEADERS)
-SOURCES = ("mmfs_native.c", "mmfs_views.c", "mmfs_fuse.c", "mmfs_latency.c", "mmfs_randperm.c",
+SOURCES = ("mmfs_index.c", "mmfs_readers.c", "mmfs_views.c", "mmfs_fuse.c", "mmfs_latency.c", "mmfs_randperm.c",
            "mmfs_pickle.c")
 
 

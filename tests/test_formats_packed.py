@@ -6,6 +6,7 @@ import struct
 import numpy as np
 import pytest
 
+from format_helpers import document_tokens
 from mmfs.errors import FormatError
 from mmfs.formats import open_dataset
 from mmfs.formats.packed import PackedDataset
@@ -34,7 +35,7 @@ def test_reads_documents_with_indexed_interface(tmp_path, token_size, dtype, cod
     for i, doc in enumerate(DOCS):
         assert ds.get(i).tolist() == doc
         assert ds[i].tolist() == doc
-        assert ds.get_document(i).tolist() == doc
+        assert document_tokens(ds, i).tolist() == doc
         assert ds.document_sequences(i) == range(i, i + 1)
     assert ds.get(3, 1, 2).tolist() == [10, 11]
     assert ds[-1].tolist() == DOCS[-1]

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from format_helpers import document_tokens
 from mmfs.formats.chunks import iter_document_lengths
 from mmfs.formats.indexed import IndexedDataset
 from mmfs.formats.report import ValueCounts, describe
@@ -43,7 +44,7 @@ def test_describe_matches_numpy_and_datasets_json(name):
     lengths = np.asarray(ds.sequence_lengths)
     assert_stats(info["sequence_lengths"], numpy_stats(lengths))
     assert info["sequence_lengths"]["median"] == meta["median_len"]
-    docs = np.array([ds.get_document(d).size for d in range(ds.num_documents)])
+    docs = np.array([document_tokens(ds, d).size for d in range(ds.num_documents)])
     assert_stats(info["document_lengths"], numpy_stats(docs))
 
 
@@ -68,7 +69,7 @@ def test_document_lengths_streamed_across_chunks(chunk):
     # small chunks force the side-by-side walk over many chunk edges
     ds = IndexedDataset(GOLDEN / "u16_multiseq")
     got = np.concatenate(list(iter_document_lengths(ds, chunk=chunk)))
-    want = [ds.get_document(d).size for d in range(ds.num_documents)]
+    want = [document_tokens(ds, d).size for d in range(ds.num_documents)]
     assert got.tolist() == want
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmfs.errors import FormatError
+from format_helpers import document_tokens
 from mmfs.formats.dtypes import optimal_dtype
 from mmfs.formats.indexed import IndexedDataset
-from mmfs.formats.writer import IndexedDatasetBuilder, IndexedDatasetWriter
+from mmfs.formats.writer import IndexedDatasetWriter
 
 GOLDEN = Path(__file__).parent / "golden" / "data"
 DATASETS = json.loads((GOLDEN / "datasets.json").read_text())
@@ -25,7 +25,7 @@ def rewrite(ds: IndexedDataset, writer: IndexedDatasetWriter, by_document: bool)
     for d in range(ds.num_documents):
         seqs = ds.document_sequences(d)
         if by_document:
-            writer.add_document(ds.get_document(d), [int(ds.sequence_lengths[s]) for s in seqs])
+            writer.add_document(document_tokens(ds, d), [int(ds.sequence_lengths[s]) for s in seqs])
         else:
             for s in seqs:
                 writer.add_item(ds.get(s))
@@ -54,33 +54,6 @@ def test_multiseq_item_by_item_is_byte_identical(tmp_path):
     assert sha256(tmp_path / "m.idx") == DATASETS["u16_multiseq"]["idx_sha256"]
 
 
-def test_add_index_merges_like_writing_both(tmp_path):
-    parts = [IndexedDataset(GOLDEN / n) for n in ("u16_multiseq", "u16_small")]
-    with IndexedDatasetBuilder(tmp_path / "merged.bin", dtype=np.uint16) as merged:
-        merged.add_item([1, 2, 3])
-        merged.end_document()
-        for p in parts:
-            merged.add_index(p.path_prefix)
-        merged.finalize(tmp_path / "merged.idx")
-    direct = IndexedDatasetWriter(tmp_path / "direct.bin", dtype=np.uint16)
-    direct.add_item([1, 2, 3])
-    direct.end_document()
-    for p in parts:
-        rewrite(p, direct, by_document=True)
-    direct.finalize(tmp_path / "direct.idx")
-    for ext in ("bin", "idx"):
-        assert sha256(tmp_path / f"merged.{ext}") == sha256(tmp_path / f"direct.{ext}")
-    m = IndexedDataset(tmp_path / "merged")
-    assert m.num_documents == 1 + sum(p.num_documents for p in parts)
-    np.testing.assert_array_equal(m.get_document(1 + 450), parts[1].get_document(0))
-
-
-def test_add_index_rejects_other_dtype(tmp_path):
-    with (IndexedDatasetWriter(tmp_path / "x.bin", dtype=np.int32) as w,
-          pytest.raises(FormatError, match="dtype")):
-        w.add_index(str(GOLDEN / "u16_small"))
-
-
 def test_multimodal_modes_round_trip(tmp_path):
     w = IndexedDatasetWriter(tmp_path / "mm.bin", dtype=np.uint8, multimodal=True)
     w.add_item([1, 2], mode=3)
@@ -93,7 +66,7 @@ def test_multimodal_modes_round_trip(tmp_path):
     assert ds.multimodal
     assert ds.sequence_modes.tolist() == [3, 0, 1, 2, 0]
     assert ds.document_indices.tolist() == [0, 2, 4, 5]
-    assert ds.get_document(1).tolist() == [5, 6, 7]
+    assert document_tokens(ds, 1).tolist() == [5, 6, 7]
 
 
 def test_writer_refuses_what_megatron_would_corrupt(tmp_path):

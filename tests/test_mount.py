@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from format_helpers import document_tokens
 from golden_cases import GOLDEN, case_names, expected_samples, write_case_config
 from mmfs.formats import open_dataset
 from mount_fixtures import (
@@ -90,7 +91,7 @@ def test_documents_and_sequences_are_the_datasets(golden):
         for i in range(ds.num_sequences):
             assert (base / "sequences" / f"{i:07d}.bin").read_bytes() == ds.get(i).tobytes()
         for i in range(ds.num_documents):
-            assert (base / "documents" / f"{i:07d}.bin").read_bytes() == ds.get_document(i).tobytes()
+            assert (base / "documents" / f"{i:07d}.bin").read_bytes() == document_tokens(ds, i).tobytes()
     if len(info["datasets"]) == 1:
         name = info["datasets"][0]["name"]
         assert os.readlink(m.path / "documents") == f"datasets/{name}/documents"

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from format_helpers import document_tokens
 from mmfs.cli import main
 from mmfs.formats.indexed import IndexedDataset
 from mmfs.tools.preprocess import source
@@ -129,7 +130,7 @@ def test_byte_level_round_trip(tmp_path, capsys):
         for d, doc in enumerate(docs):
             texts = doc[key] if isinstance(doc[key], list) else [doc[key]]
             want = "".join(texts).encode()
-            got = ds.get_document(d).tolist()
+            got = document_tokens(ds, d).tolist()
             assert got == (list(want) + [256] if want else [])
             assert len(ds.document_sequences(d)) == sum(1 for t in texts if t)
         assert main(["-q", "verify", f"{prefix}_{key}_document"]) == 0
@@ -148,7 +149,7 @@ def test_skip_bad_lines_counts_them(tmp_path, caplog):
                  "--skip-bad-lines"]) == 0
     assert "in.jsonl: skipped 6 bad lines" in caplog.text
     ds = IndexedDataset(f"{prefix}_text_document")
-    assert [ds.get_document(d).tolist() for d in range(ds.num_documents)] == [[97], [98]]
+    assert [document_tokens(ds, d).tolist() for d in range(ds.num_documents)] == [[97], [98]]
 
 
 def one_line_error(capsys, *args) -> str:

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sampler_helpers import randperm_inside_out, training_stream
 
 from golden_cases import PUBLIC, case_names, load_case
 from mmfs.config.schema import TrainingConfig
@@ -22,6 +21,7 @@ from mmfs.megatron.rankplan import microbatch_ids, plan_ranks, rank_ids, stream_
 from mmfs.megatron.samplers import SamplerError, single_sampler
 from mmfs.mount.manifest import describe_training
 from mmfs.native import lib
+from sampler_helpers import randperm_inside_out, training_stream
 
 RANDPERM_SMALL_LIMIT = lib.MMFS_RANDPERM_SMALL_LIMIT
 

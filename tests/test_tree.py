@@ -9,6 +9,7 @@ import stat
 import numpy as np
 import pytest
 
+from format_helpers import document_tokens
 from golden_cases import case_names, expected_samples, write_case_config
 from mmfs.megatron import open_corpus
 from mmfs.mount.contract import DOCUMENTS, SEQUENCES, XATTR_DATASET, XATTR_PIECES, dataset_dir, name_width
@@ -166,7 +167,7 @@ def test_documents_and_sequences(tree: Tree):
             assert tree.read(node, 0, 1 << 24) == want
         for i in range(0, ds.num_documents, 5):
             node = tree.lookup(f"/datasets/{entry.name}/documents/{docs.name(i)}")
-            want = np.asarray(ds.get_document(i)).astype(ds.dtype.newbyteorder("<")).tobytes()
+            want = np.asarray(document_tokens(ds, i)).astype(ds.dtype.newbyteorder("<")).tobytes()
             assert tree.attr(node).size == len(want)
             assert tree.read(node, 0, 1 << 24) == want
             if len(want) > 6:

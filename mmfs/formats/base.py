@@ -137,8 +137,3 @@ class SequenceDataset:
                 f"[0, {self.num_sequences}]; run `mmfs verify {self.path_prefix}`"
             )
         return range(beg, end)
-
-    def get_document(self, doc: int) -> np.ndarray:
-        """Every token of document `doc` (its sequences concatenated)."""
-        parts = [self.get(s) for s in self.document_sequences(doc)]
-        return np.concatenate(parts) if parts else np.zeros(0, self.dtype)

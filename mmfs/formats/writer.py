@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import struct
 import tempfile
 from array import array
@@ -19,9 +18,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from mmfs.errors import FormatError
 from mmfs.formats.dtypes import DTYPE_TO_CODE
-from mmfs.formats.indexed import HEADER, MAGIC, VERSION, IndexedDataset
+from mmfs.formats.indexed import HEADER, MAGIC, VERSION
 
 _INT32_MAX = 2**31 - 1
 SPOOL_LIMIT = 1 << 17  # index values (1 MB) a writer keeps in memory before spilling to a file
@@ -197,29 +195,6 @@ class IndexedDatasetWriter:
         self.document_indices.frombytes(ends.astype(np.int64).tobytes())
         if self.sequence_modes is not None:
             self.sequence_modes.frombytes(np.zeros(lens.size, np.int64).tobytes())
-
-    def add_index(self, path_prefix: str) -> None:
-        """Append a whole existing dataset (its documents and tokens) after what is written."""
-        other = IndexedDataset(path_prefix)
-        if other.dtype != self.dtype:
-            raise FormatError(f"{other.idx_path}: dtype {other.dtype} differs from this "
-                              f"writer's {self.dtype}; merge only datasets of one dtype")
-        if self.multimodal and not other.multimodal and other.num_sequences:
-            raise FormatError(f"{other.idx_path}: has no sequence modes but the writer is "
-                              "multimodal; merge only multimodal datasets into it")
-        token_bytes = other.num_tokens * self.dtype.itemsize
-        if token_bytes != other.bin_size:
-            # Pointers are recomputed from lengths, so the .bin must hold exactly the tokens.
-            raise FormatError(f"{other.bin_path}: {other.bin_size} bytes but its lengths "
-                              f"describe {token_bytes}; run `mmfs verify {other.path_prefix}`")
-        base = len(self.sequence_lengths)
-        self.sequence_lengths.extend(np.asarray(other.sequence_lengths, np.int64).tolist())
-        docs = np.asarray(other.document_indices[1:], dtype=np.int64) + base
-        self.document_indices.extend(docs.tolist())
-        if self.sequence_modes is not None and other.sequence_modes is not None:
-            self.sequence_modes.extend(np.asarray(other.sequence_modes, np.int64).tolist())
-        with open(other.bin_path, "rb") as src:
-            shutil.copyfileobj(src, self._data, 16 << 20)
 
     def finalize(self, idx_path: str) -> None:
         """Close the .bin and write the .idx."""
