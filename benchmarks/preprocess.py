@@ -10,7 +10,11 @@ megatron-core's own classes) on the same input, the two taking turns (--rounds),
 checks the outputs are byte-identical and prints the ratio of the median times.
 Several sizes (--mb 50,500) show that memory does not grow with the input.
 
+With --types, the tokenizer types of tests/golden/preprocess/tokenizers too (their corpus
+repeated; NullTokenizer's own corpus of ids), each beside megatron-core's class for it.
+
     python benchmarks/preprocess.py [--mb 50,500] [--workers 2] [--megatron-python PY]
+        [--types HuggingFaceTokenizer,GPT2BPETokenizer,SentencePieceTokenizer,TikTokenizer,NullTokenizer]
 """
 
 from __future__ import annotations
@@ -28,6 +32,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "preprocess"
+TOKENIZERS = GOLDEN / "tokenizers"
+# Each type's input corpus and mmfs flags (the models recorded in tests/golden/preprocess/tokenizers).
+TYPES = {
+    "HuggingFaceTokenizer": (GOLDEN / "corpus.jsonl", ["--tokenizer-model", str(GOLDEN / "hf_tokenizer")]),
+    "GPT2BPETokenizer": (TOKENIZERS / "corpus.jsonl", ["--vocab-file", str(TOKENIZERS / "gpt2-vocab.json"),
+                                                        "--merge-file", str(TOKENIZERS / "gpt2-merges.txt")]),
+    "SentencePieceTokenizer": (TOKENIZERS / "corpus.jsonl", ["--tokenizer-model", str(TOKENIZERS / "sp.model")]),
+    "TikTokenizer": (TOKENIZERS / "corpus.jsonl", ["--tokenizer-model", str(TOKENIZERS / "tiktoken.json"),
+                                                    "--vocab-size", "2200"]),
+    "NullTokenizer": (TOKENIZERS / "null_corpus.jsonl", ["--vocab-size", "70000"]),
+}
 
 
 def tree(pid: int) -> list[int]:
@@ -63,11 +78,11 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(cmd: list[str], env: dict | None = None) -> tuple[float, float, int, int]:
+def measure(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> tuple[float, float, int, int]:
     """Wall seconds, CPU seconds, peak summed RSS and PSS (MB) of a command's process tree."""
     cpu = cpu_seconds()
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak_rss = peak_pss = 0
     while proc.poll() is None:
         rss, pss = memory_kb(tree(proc.pid))
@@ -86,37 +101,52 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--megatron-python", help="a Python with megatron-core and transformers")
     ap.add_argument("--rounds", type=int, default=3, help="turns of mmfs and baseline (medians; default 3)")
+    ap.add_argument("--types", default="HuggingFaceTokenizer", help=f"comma-separated, of {', '.join(TYPES)}")
     args = ap.parse_args()
-    corpus = (GOLDEN / "corpus.jsonl").read_bytes()
+    for kind in args.types.split(","):
+        if kind not in TYPES:
+            sys.exit(f"--types: {kind} is not one of {', '.join(TYPES)}")
+        run_type(args, kind)
+    return 0
+
+
+def run_type(args: argparse.Namespace, kind: str) -> None:
+    corpus_path, flags = TYPES[kind]
+    corpus = corpus_path.read_bytes()
     docs_per_copy = corpus.count(b"\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with tempfile.TemporaryDirectory() as tmp:
+        # megatron-core's GPT2BPETokenizer resolves "gpt2" through AutoTokenizer: a local
+        # folder with the model type keeps it offline and on the given vocab and merges.
+        os.makedirs(f"{tmp}/gpt2")
+        Path(f"{tmp}/gpt2/config.json").write_text('{"model_type": "gpt2"}')
         sizes = [float(x) for x in args.mb.split(",")]
         for mb in sizes:
             copies = max(1, round(mb * 1e6 / len(corpus)))
             src = Path(tmp) / "input.jsonl"
             for old in Path(tmp).iterdir():
-                old.unlink()
+                if old.is_file():
+                    old.unlink()
             with open(src, "wb") as f:
                 for _ in range(copies):
                     f.write(corpus)
             size, docs = copies * len(corpus), copies * docs_per_copy
             print(f"input: the reference corpus x{copies} = {size / 1e6:.1f} MB, {docs:,} documents; "
-                  f"{args.workers} workers, HuggingFaceTokenizer, --append-eod")
+                  f"{args.workers} workers, {kind}, --append-eod")
             runs = {"mmfs preprocess": [sys.executable, "-m", "mmfs.cli", "-q", "preprocess", "--input", str(src),
                                         "--output-prefix", f"{tmp}/mmfs", "--workers", str(args.workers),
-                                        "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
-                                        str(GOLDEN / "hf_tokenizer"), "--append-eod"]}
+                                        "--tokenizer-type", kind, *flags, "--append-eod"]}
             if args.megatron_python and mb == sizes[0]:  # the baseline is slow: first size only
                 baseline = str(ROOT / "benchmarks" / "megatron_baseline.py")
-                runs["megatron-core baseline"] = [args.megatron_python, baseline, str(src),
-                                                  str(GOLDEN / "hf_tokenizer"), f"{tmp}/megatron", str(args.workers)]
+                files = GOLDEN / "hf_tokenizer" if kind == "HuggingFaceTokenizer" else TOKENIZERS
+                runs["megatron-core baseline"] = [args.megatron_python, baseline, str(src), str(files),
+                                                  f"{tmp}/megatron", str(args.workers), kind]
             times: dict[str, list[float]] = {name: [] for name in runs}
             cpus: dict[str, list[float]] = {name: [] for name in runs}
             memory: dict[str, tuple[int, int]] = {name: (0, 0) for name in runs}
             for _ in range(args.rounds if len(runs) > 1 else 1):  # the two take turns
                 for name, cmd in runs.items():
-                    secs, cpu, rss, pss = measure(cmd, env)
+                    secs, cpu, rss, pss = measure(cmd, env, cwd=tmp)
                     times[name].append(secs)
                     cpus[name].append(cpu)
                     memory[name] = max(memory[name], (rss, pss))
@@ -135,7 +165,6 @@ def main() -> int:
                 cpu_ratio = statistics.median(cpus[base]) / statistics.median(cpus[ours])
                 print(f"  mmfs / baseline: {ratio:.2f}x documents/s, {cpu_ratio:.2f}x less CPU time (medians); "
                       f"outputs byte-identical: {same}")
-    return 0
 
 
 if __name__ == "__main__":
