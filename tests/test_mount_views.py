@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
+from format_helpers import document_tokens
 from golden_cases import GOLDEN, write_case_config
 from mmfs.errors import MountError
 from mmfs.formats.writer import write_index
@@ -37,7 +38,7 @@ def test_documents_and_sequences_through_the_mount(case, tmp_path):
         for entry in corpus.datasets:
             ds = entry.dataset
             for kind, count, get in (("sequences", ds.num_sequences, ds.get),
-                                     ("documents", ds.num_documents, ds.get_document)):
+                                     ("documents", ds.num_documents, lambda d, ds=ds: document_tokens(ds, d))):
                 folder = m.file(f"datasets/{entry.name}/{kind}")
                 assert len(os.listdir(folder)) == count
                 for i in range(0, count, 13):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -45,21 +46,21 @@ class FileSource:
         self.url = self.path = path
         self.size = st.st_size
         self.identity = (st.st_size, st.st_mtime_ns, st.st_ino)
-
-    _fd: int | None = None
+        self._local = threading.local()
 
     @contextmanager
     def opened(self) -> Iterator[None]:
-        """Keep the file open for the reads inside the block (opening a dataset reads
-        its header and a few spot values: one open, not one per read)."""
-        if self._fd is not None:
+        """Keep the file open for this thread's reads inside the block (opening a
+        dataset reads its header and a few spot values: one open, not one per read).
+        Builder threads share sources, so the descriptor is the thread's own."""
+        if getattr(self._local, "fd", None) is not None:
             yield
             return
-        self._fd = self._open()
+        self._local.fd = self._open()
         try:
             yield
         finally:
-            fd, self._fd = self._fd, None
+            fd, self._local.fd = self._local.fd, None
             os.close(fd)
 
     def _open(self) -> int:
@@ -71,8 +72,9 @@ class FileSource:
 
     def read_into(self, offset: int, buffer) -> int:
         view = memoryview(buffer).cast("B")
-        if self._fd is not None:
-            return read_fd_into(self._fd, offset, view)
+        fd = getattr(self._local, "fd", None)
+        if fd is not None:
+            return read_fd_into(fd, offset, view)
         fd = self._open()
         try:
             return read_fd_into(fd, offset, view)
