@@ -26,7 +26,7 @@ from mmfs.errors import FormatError, MmfsError
 from mmfs.formats.dtypes import native_code
 from mmfs.megatron.cache import CachedArray
 from mmfs.native import ffi, lib
-from mmfs.storage.file import FileSource
+from mmfs.storage.file import FileSource, read_fd_into
 from mmfs.storage.memory import MemorySource
 
 log = logging.getLogger(__name__)
@@ -88,18 +88,6 @@ def native_array(array: np.ndarray) -> np.ndarray:
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
     return np.ascontiguousarray(array)
-
-
-def _pread_into(fd: int, array: np.ndarray, offset: int) -> int:
-    """Fill `array` from the file at `offset`; the bytes read (fewer at its end)."""
-    view = memoryview(array).cast("B")
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n == 0:
-            break
-        done += n
-    return done
 
 
 _openings = itertools.count(1)  # one per file a placer opens: keys the C block cache
@@ -227,7 +215,7 @@ class ArrayPlacer:
                 copy = np.fromfile(path, dtype=array.dtype, count=array.size, offset=offset)
             else:  # through the open file: thousands of small arrays, one pread each
                 copy = np.empty(array.size, dtype=array.dtype)
-                copy = copy[: _pread_into(fd, copy, offset) // copy.itemsize]
+                copy = copy[: read_fd_into(fd, offset, memoryview(copy).cast("B")) // copy.itemsize]
             if copy.size != array.size:
                 raise FormatError(f"{path}: shorter than when it was opened (it changed); "
                                   "run the command again")
