@@ -19,7 +19,7 @@ from golden_cases import BLEND_CONFIG, GOLDEN
 from mmfs.errors import CacheError
 from mmfs.megatron import cachelock, open_corpus
 from mmfs.megatron.blend import build_blending_indices
-from mmfs.megatron.cache import TEMP_PREFIX, clean_stale_temporaries, write_problem
+from mmfs.megatron.cachewrite import TEMP_PREFIX, clean_stale_temporaries, write_problem
 
 CONFIG = BLEND_CONFIG
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from mmfs.errors import FormatError, MmfsError
 from mmfs.formats.dtypes import native_code
-from mmfs.megatron.cache import CachedArray
+from mmfs.megatron.npyfile import CachedArray
 from mmfs.native import ffi, lib
 from mmfs.storage.file import FileSource, read_fd_into
 from mmfs.storage.memory import MemorySource

@@ -31,9 +31,12 @@ from mmfs.megatron.blend import (
     sizes_per_dataset,
 )
 from mmfs.megatron.buildcheck import check_gpt_build
-from mmfs.megatron.cache import HEADERS_FROM, Batch, CachedArray, HeaderFile, IndexCache, description_hash
+from mmfs.megatron.cache import IndexCache, description_hash
 from mmfs.megatron.cachelock import try_lock, wait_unlocked
+from mmfs.megatron.cachewrite import Batch
 from mmfs.megatron.gpt import GptParams, build_gpt_indices
+from mmfs.megatron.headerfile import HEADERS_FROM, HeaderFile
+from mmfs.megatron.npyfile import CachedArray
 from mmfs.megatron.splits import normalize, split_matrix, split_range
 
 log = logging.getLogger(__name__)

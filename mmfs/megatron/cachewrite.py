@@ -1,0 +1,182 @@
+"""Writing the index cache safely: temporary names (`.tmp-<pid>@<host>@...`), one
+sync for a whole build (`Batch`: stage every index's files, then `syncfs`, rename
+into place with the description last, sync the folder), the removal of a dead
+writer's temporaries, and the message when a folder cannot be written."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+
+from mmfs.errors import CacheError
+from mmfs.megatron.cachelock import HOST, Lock, pid_alive
+
+log = logging.getLogger(__name__)
+
+TEMP_PREFIX = ".tmp-"
+STALE_TEMP_AGE = 24 * 3600.0  # a temporary file of another host older than this is dead
+
+
+
+
+_RUN = uuid.uuid4().hex[:8]  # with the pid and a count: unique, without a uuid per file
+_COUNT = itertools.count()
+
+
+def temp_name(folder: str, final: str) -> str:
+    return os.path.join(folder, f"{TEMP_PREFIX}{os.getpid()}@{HOST}@{_RUN}.{next(_COUNT)}-"
+                                f"{os.path.basename(final)}")
+
+
+def clean_stale_temporaries(folder: str) -> int:
+    """Remove temporary files whose writer is gone (a process of this host that
+    no longer runs, or another host's file older than STALE_TEMP_AGE); returns
+    how many were removed."""
+    removed = 0
+    try:
+        entries = [e for e in os.scandir(folder) if e.name.startswith(TEMP_PREFIX)]
+    except OSError:
+        return 0
+    now = time.time()
+    for e in entries:
+        pid, _, rest = e.name[len(TEMP_PREFIX):].partition("@")
+        host, _, _ = rest.partition("@")
+        try:
+            if host == HOST and pid.isdigit():
+                stale = not pid_alive(int(pid))
+            else:  # another host's, or an older mmfs's name: judge by age
+                stale = now - e.stat().st_mtime > STALE_TEMP_AGE
+            if stale:
+                os.unlink(e.path)
+                removed += 1
+        except OSError:
+            pass
+    if removed:
+        log.info("%s: removed %d temporary file(s) left by killed builders", folder, removed)
+    return removed
+
+
+def _syncfs(folder: str) -> None:
+    """Flush the file system holding `folder` (one call for every staged file)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syncfs = getattr(libc, "syncfs", None)
+        if syncfs is None or syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync a directory; the renames still hold
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_problem(folder: str, exc: OSError) -> str:
+    """What went wrong writing the cache in `folder`, and what to do, in words."""
+    code = exc.errno
+    text = str(exc)
+    if code in (errno.EEXIST, errno.ENOTDIR) and (os.path.exists(folder)
+                                                   and not os.path.isdir(folder)
+                                                   or code == errno.ENOTDIR):
+        return (f"{folder} is a file, not a folder; set cache_dir in the config to a folder "
+                "(or move the file away)")
+    if code in (errno.ENOSPC, errno.EDQUOT) or "requested and" in text:
+        return (f"no space left in {folder} (disk or quota full); free some space or set "
+                "cache_dir in the config to a folder on another disk")
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (f"{folder} is not writable ({exc.strerror}); set cache_dir in the config to "
+                "a writable folder")
+    return f"cannot write in {folder} ({exc.strerror or text}); set cache_dir in the config " \
+           "to a writable folder"
+
+
+class Batch:
+    """Staged index files waiting for one sync and their renames, and the build
+    locks to release once they are in place (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._staged: list[tuple[str, str]] = []  # (temporary, final)
+        self._locks: list[Lock] = []
+        self._warned: set[str] = set()
+        self._cleaned: set[str] = set()
+
+    def add(self, moves: list[tuple[str, str]]) -> None:
+        with self._guard:
+            self._staged.extend(moves)
+
+    def hold(self, lock: Lock) -> None:
+        """Release `lock` at the commit (or abandon)."""
+        with self._guard:
+            self._locks.append(lock)
+
+    def first_write_in(self, folder: str) -> bool:
+        with self._guard:
+            first = folder not in self._cleaned
+            self._cleaned.add(folder)
+            return first
+
+    def warn_once(self, folder: str, message: str) -> None:
+        with self._guard:
+            if folder in self._warned:
+                return
+            self._warned.add(folder)
+        log.warning("cannot write the index cache: %s. Indices stay in memory.", message)
+
+    def _take(self) -> tuple[list[tuple[str, str]], list[Lock]]:
+        with self._guard:
+            staged, self._staged = self._staged, []
+            locks, self._locks = self._locks, []
+        return staged, locks
+
+    def commit(self) -> None:
+        """Sync once, rename every staged file into place, release the locks."""
+        staged, locks = self._take()
+        try:
+            if not staged:
+                return
+            folders = sorted({os.path.dirname(final) for _, final in staged})
+            try:
+                for folder in folders:
+                    _syncfs(folder)
+                for tmp, final in staged:
+                    os.replace(tmp, final)
+                for folder in folders:
+                    _fsync_dir(folder)
+            except OSError as exc:
+                for tmp, _ in staged:
+                    unlink_quietly(tmp)
+                raise CacheError(f"cannot finish the index cache: "
+                                 f"{write_problem(os.path.dirname(exc.filename or folders[0]), exc)}"
+                                 ) from None
+        finally:
+            for lock in locks:
+                lock.release()
+
+    def abandon(self) -> None:
+        """Drop staged files and release locks (a build that failed)."""
+        staged, locks = self._take()
+        for tmp, _ in staged:
+            unlink_quietly(tmp)
+        for lock in locks:
+            lock.release()
+
+
+def unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
