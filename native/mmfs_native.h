@@ -117,12 +117,6 @@ typedef struct {
     int32_t out_dtype;               /* MMIDIDX code of the sample files */
 } mmfs_split;
 
-/* Write unshuffled sample k of g (sample_tokens tokens, padded with pad)
- * into out, converting to dtype out_dtype (MMIDIDX code). Returns the
- * number of real (unpadded) tokens, or a negative error. */
-int64_t mmfs_read_sample(const mmfs_gpt *g, int64_t k, int64_t sample_tokens,
-                         int64_t pad, int32_t out_dtype, void *out);
-
 /* Training-order sample i of s -> (GPTDataset number, unshuffled sample). */
 int mmfs_locate(const mmfs_split *s, int64_t i, int32_t *gpt, int64_t *k);
 

@@ -375,11 +375,6 @@ static int64_t sample_window(const mmfs_gpt *g, int64_t k, int64_t sample_tokens
     return ctx.real;
 }
 
-int64_t mmfs_read_sample(const mmfs_gpt *g, int64_t k, int64_t sample_tokens,
-                         int64_t pad, int32_t out_dtype, void *out) {
-    return sample_window(g, k, sample_tokens, pad, out_dtype, 0, sample_tokens, out);
-}
-
 int mmfs_locate(const mmfs_split *s, int64_t i, int32_t *gpt, int64_t *k) {
     if (!s || !gpt || !k || !s->gpts || s->num_gpts < 1) return MMFS_E_ARG;
     if (i < 0 || i >= s->num_samples) return MMFS_E_ARG;

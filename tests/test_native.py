@@ -137,7 +137,7 @@ def test_samples_cut_the_document_stream(lengths, S, e, num_samples, seed):
     reader = GptReader(Gpt(), TokenSource(Data, placer), ffi.new("mmfs_gpt *"), placer)
     out = np.zeros(S + e, dtype=np.uint16)
     for k in range(N):
-        n = lib.mmfs_read_sample(reader.c, k, S + e, -1, 8, ffi.cast("void *", out.ctypes.data))
+        n = read_unshuffled(reader.c, k, S + e, ffi.cast("void *", out.ctypes.data))
         assert n == S + e
         assert np.array_equal(out, stream[k * S : k * S + S + e])
 
@@ -225,6 +225,17 @@ def test_hostile_blend_inputs_fail_cleanly():
         ffi.cast("int64_t *", out64.ctypes.data)) < 0
 
 
+def read_unshuffled(g, k: int, tokens: int, out) -> int:
+    """Unshuffled sample k of the GPTDataset g (pad -1, uint16), read as sample k of a split
+    of g alone whose shuffle index is the identity."""
+    n = max(k, 0) + 1
+    identity = np.arange(n, dtype=np.int64)
+    g.shuffle_index = dict(data=ffi.cast("uint8_t *", identity.ctypes.data), fd=-1, count=n, dtype=5)
+    split = ffi.new("mmfs_split *", dict(gpts=g, num_gpts=1, num_samples=n, sample_tokens=tokens,
+                                         pad=-1, out_dtype=8))
+    return lib.mmfs_read_split_sample(split, k, out)
+
+
 def test_hostile_sample_reads_fail_cleanly():
     """Corrupt indices or pointers give an error code, never a read out of bounds."""
     data = np.arange(20, dtype=np.uint16).view(np.uint8)
@@ -243,7 +254,7 @@ def test_hostile_sample_reads_fail_cleanly():
         rows = np.asarray(rows, dtype=np.int32)
         g = ffi.new("mmfs_gpt *", dict(source=src, doc_index=array(doc, 4), sample_index=array(rows, 4),
                                        extra=1))
-        return lib.mmfs_read_sample(g, k, tokens, -1, 8, outp)
+        return read_unshuffled(g, k, tokens, outp)
 
     assert read([0, 1], [[0, 0], [0, 4]]) == 5                 # sound
     assert read([0, 1], [[0, 0], [0, 4]], k=1) < 0             # sample past the end
