@@ -32,9 +32,10 @@ def iter_array(ds, name: str, chunk: int = CHUNK, begin: int = 0,
             yield start, np.asarray(arr[start : min(start + chunk, stop)])
         return
     count = spec.count if end is None else min(end, spec.count)
-    with spec.source.opened():
-        for start in range(begin, count, chunk):
-            yield start, spec.read(start, min(chunk, count - start))
+    # No opened() block here: a generator may be closed later, by another thread
+    # (one open per chunk of a million entries costs nothing).
+    for start in range(begin, count, chunk):
+        yield start, spec.read(start, min(chunk, count - start))
 
 
 def element_offset(ds, name: str, i: int) -> str:

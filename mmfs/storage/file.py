@@ -56,11 +56,11 @@ class FileSource:
         if getattr(self._local, "fd", None) is not None:
             yield
             return
-        self._local.fd = self._open()
+        fd = self._local.fd = self._open()
         try:
             yield
         finally:
-            fd, self._local.fd = self._local.fd, None
+            self._local.fd = None
             os.close(fd)
 
     def _open(self) -> int:
