@@ -6,6 +6,7 @@ import importlib
 import logging
 import os
 import sys
+from typing import NoReturn
 
 # No mmfs command does linear algebra, but numpy's OpenBLAS starts a thread per CPU
 # that spins for a while after start-up: 0.1 CPU-s of every command, and of each of
@@ -38,6 +39,15 @@ COMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag or value is one line (`mmfs which: error: ...`) and
+    exit 2, as every other user error; --help still prints the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message.translate(_LINE_BREAKS)}; "
+                     f"see `{self.prog} --help`\n")
+
+
 def add_verbosity(parser: argparse.ArgumentParser, default) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("-v", "--verbose", action="store_true", default=default, help="log more")
@@ -61,16 +71,17 @@ def add_config_parser(sub, common: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="mmfs", description="Megatron-LM training samples as a read-only file system."
     )
     parser.add_argument("--version", action="version", version=f"mmfs {__version__}")
     add_verbosity(parser, default=False)
     # -v/-q also after the subcommand (`mmfs mount C M -v`); SUPPRESS keeps a flag
     # given before it.
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)
     add_verbosity(common, default=argparse.SUPPRESS)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=OneLineParser)
 
     p = sub.add_parser("info", parents=[common], help="describe a dataset (.idx/.bin prefix or .pbin)")
     p.add_argument("path", help="dataset prefix, .idx, .bin or .pbin file")

@@ -49,6 +49,15 @@ FLAGS = ("eod_mask_loss", "reset_position_ids", "reset_attention_mask", "create_
          "inter_document_masking")
 
 
+def _whole(name: str, value: Any) -> int:
+    """An id or count argument: an int (a bool is not one), at least 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise LoaderError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
+    if value < 0:
+        raise LoaderError(f"{name} must be 0 or more, got {value}")
+    return int(value)
+
+
 def _check_flags(flags: dict) -> None:
     unknown = set(flags) - set(FLAGS)
     if unknown:
@@ -82,13 +91,14 @@ class Mount:
     # -- samples ----------------------------------------------------------------
 
     def _split(self, split: str) -> dict[str, Any]:
-        if split not in self.samples:
+        if not isinstance(split, str) or split not in self.samples:
             raise LoaderError(f"{self.path}: no split {split!r} (the mount has {', '.join(self.samples)})")
         return self.info[contract.KEY_SPLITS][split]
 
     def sample_path(self, split: str, i: int) -> str:
         s = self._split(split)
-        if not 0 <= i < self.samples[split]:
+        i = _whole("i", i)
+        if not i < self.samples[split]:
             raise LoaderError(f"{split}: sample {i} is outside [0, {self.samples[split]})")
         return os.path.join(self.path, s[contract.KEY_PATH], contract.file_name(i, int(s[contract.KEY_NAME_WIDTH])))
 
@@ -117,8 +127,9 @@ class Mount:
         """megatron_item of each of `ids`, stacked (read from the sample files): what
         Megatron's DataLoader collates for a batch of those samples."""
         _check_flags(flags)
-        raw = np.stack([self.sample(split, int(i)) for i in ids])
-        return self._items(raw, lambda row: self.pieces(split, int(ids[row])), flags)
+        ids = [_whole(f"ids[{k}]", i) for k, i in enumerate(ids)]
+        raw = np.stack([self.sample(split, i) for i in ids])
+        return self._items(raw, lambda row: self.pieces(split, ids[row]), flags)
 
     # -- micro-batches of a data-parallel rank ----------------------------------------
 
@@ -134,8 +145,9 @@ class Mount:
 
     def microbatch_path(self, split: str, rank: int, j: int) -> str:
         t = self._training()
+        rank, j = _whole("rank", rank), _whole("j", j)
         dp = int(t[contract.KEY_DATA_PARALLEL_SIZE])
-        if not 0 <= rank < dp:
+        if not rank < dp:
             raise LoaderError(f"rank {rank} is outside [0, {dp}) (data_parallel_size {dp})")
         files = self.microbatches_per_rank(split)
         if not 0 <= j < files:
@@ -150,8 +162,9 @@ class Mount:
 
     def _first_microbatch(self, split: str, rank: int, consumed_samples: int) -> int:
         t = self._training()
+        rank, consumed_samples = _whole("rank", rank), _whole("consumed_samples", consumed_samples)
         step = int(t[contract.KEY_MICRO_BATCH_SIZE]) * int(t[contract.KEY_DATA_PARALLEL_SIZE])
-        if consumed_samples < 0 or consumed_samples % step:
+        if consumed_samples % step:
             raise LoaderError(
                 f"consumed_samples {consumed_samples} is not a multiple of micro_batch_size x "
                 f"data_parallel_size = {step}; resume from a value Megatron saved"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -210,3 +211,28 @@ def test_importing_the_loader_imports_neither_torch_nor_the_c_core():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+BAD_ARGUMENTS = [3.0, "3", True, None, -1, -120000]
+
+
+@pytest.mark.parametrize("value", BAD_ARGUMENTS, ids=repr)
+def test_every_public_method_names_a_bad_argument(case_dirs, value):
+    golden = json.loads((PUBLIC / "p2_blend2_u16" / "ranks-single_dp4_mb2.json").read_text())
+    mount = Mount(case_dirs("p2_blend2_u16", _training_block(golden)))
+    calls = {
+        "i": [lambda v: mount.sample("train", v), lambda v: mount.sample_path("train", v),
+              lambda v: mount.pieces("train", v), lambda v: mount.megatron_item("train", v)],
+        "ids[1]": [lambda v: mount.megatron_batch("train", [0, v])],
+        "rank": [lambda v: mount.microbatch_path("train", v, 0), lambda v: mount.microbatch_samples("train", v, 0),
+                 lambda v: next(mount.microbatches("train", v)), lambda v: next(mount.megatron_batches("train", v))],
+        "j": [lambda v: mount.microbatch_path("train", 0, v)],
+        "consumed_samples": [lambda v: next(mount.microbatches("train", 0, consumed_samples=v)),
+                             lambda v: next(mount.megatron_batches("train", 0, consumed_samples=v))],
+    }
+    for name, fns in calls.items():
+        for fn in fns:
+            with pytest.raises(LoaderError, match=f"^{re.escape(name)} must be"):
+                fn(value)
+    with pytest.raises(LoaderError, match="no split"):
+        mount.sample(3, 0)

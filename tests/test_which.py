@@ -4,6 +4,7 @@ output), their pieces and documents (against the .idx), from a config and a moun
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -151,3 +152,31 @@ def test_which_errors_are_one_line(tmp_path, training, args, message):
     proc = mmfs("which", config, *args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def _not_a_tokenizer(tmp_path: Path, kind: str) -> Path:
+    if kind == "dev-zero":
+        return Path("/dev/zero")
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "fifo.json")
+        return tmp_path / "fifo.json"
+    sparse = tmp_path / "huge.json"  # 6 GB that take no disk
+    with open(sparse, "wb") as f:
+        f.truncate(6 << 30)
+    return sparse
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "sparse"])
+def test_a_tokenizer_file_is_checked_before_it_is_read(tmp_path, kind):
+    bad = _not_a_tokenizer(tmp_path, kind)
+    config = _config(tmp_path, "p1_single_u16", {"data_parallel_size": 1, "micro_batch_size": 1,
+                                                 "global_batch_size": 1})
+    proc = mmfs("which", config, "--iteration", 1, "--text", "--tokenizer", bad, timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert str(bad) in proc.stderr
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text('{"text": "a"}\n')
+    proc = mmfs("preprocess", "--input", jsonl, "--output-prefix", tmp_path / "out", "--tokenizer-type",
+                "HuggingFaceTokenizer", "--tokenizer-model", bad, timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert str(bad) in proc.stderr

@@ -22,6 +22,7 @@ from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
 from mmfs.megatron.rankplan import plan_ranks, stream_microbatch
 from mmfs.mount.contract import MANIFEST, file_name, name_width, rank_dir, rank_name_width
+from mmfs.tools.preprocess.tokenizer_base import check_tokenizer_file
 
 
 class WhichError(MmfsError):
@@ -143,6 +144,7 @@ def _sample(reader, datasets: dict, i: int, decode) -> dict[str, Any]:
 def make_decoder(tokenizer_json: str | None, vocab_size: int | None, eod: int | None):
     """tokens -> text: a Hugging Face tokenizer.json, or byte-level (token = byte)."""
     if tokenizer_json:
+        check_tokenizer_file(tokenizer_json, "tokenizer.json")
         try:
             from tokenizers import Tokenizer
         except ImportError:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmfs.errors import PreprocessError
-from mmfs.tools.preprocess.tokenizer_base import Tokenizer, flatten
+from mmfs.tools.preprocess.tokenizer_base import Tokenizer, check_tokenizer_file, flatten
 
 BYTE_LEVEL = "ByteLevel"
 HUGGING_FACE = "HuggingFaceTokenizer"
@@ -128,12 +128,13 @@ def _locate(path: str) -> tuple[str, str | None]:
         folder, file = path, os.path.join(path, "tokenizer.json")
     else:
         folder, file = os.path.dirname(path) or ".", path
-    if not os.path.isfile(file):
+    if not os.path.lexists(file):
         raise PreprocessError(
             f"{path}: no tokenizer.json there; --tokenizer-model takes a Hugging Face tokenizer "
             "folder (with tokenizer.json) or a tokenizer.json file")
+    check_tokenizer_file(file, "tokenizer.json")
     config = os.path.join(folder, "tokenizer_config.json")
-    return file, config if os.path.isfile(config) else None
+    return file, check_tokenizer_file(config, "tokenizer_config.json") if os.path.lexists(config) else None
 
 
 def _read_config(path: str | None) -> dict:

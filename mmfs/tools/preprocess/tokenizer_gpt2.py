@@ -11,12 +11,13 @@ import json
 import numpy as np
 
 from mmfs.errors import PreprocessError
-from mmfs.tools.preprocess.tokenizer_base import Tokenizer, flatten
+from mmfs.tools.preprocess.tokenizer_base import Tokenizer, check_tokenizer_file, flatten
 
 ENDOFTEXT = "<|endoftext|>"
 
 
 def _read_vocab(path: str) -> dict[str, int]:
+    check_tokenizer_file(path, "vocab.json")
     try:
         with open(path, encoding="utf-8") as f:
             vocab = json.load(f)
@@ -29,6 +30,7 @@ def _read_vocab(path: str) -> dict[str, int]:
 
 
 def _read_merges(path: str) -> list[tuple[str, str]]:
+    check_tokenizer_file(path, "merges.txt")
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().split("\n")

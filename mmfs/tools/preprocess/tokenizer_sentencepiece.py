@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmfs.errors import PreprocessError
-from mmfs.tools.preprocess.tokenizer_base import Tokenizer, flatten
+from mmfs.tools.preprocess.tokenizer_base import Tokenizer, check_tokenizer_file, flatten
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -19,6 +19,7 @@ class SentencePieceTokenizer(Tokenizer):
         except ImportError:
             raise PreprocessError("SentencePiece tokenizers need the `sentencepiece` package: "
                                   "pip install 'mmfs[sentencepiece]'") from None
+        check_tokenizer_file(path, "SentencePiece tokenizer.model")
         processor = sentencepiece.SentencePieceProcessor()
         try:
             processor.Load(path)

@@ -13,7 +13,7 @@ import json
 import numpy as np
 
 from mmfs.errors import PreprocessError
-from mmfs.tools.preprocess.tokenizer_base import Tokenizer, flatten
+from mmfs.tools.preprocess.tokenizer_base import Tokenizer, check_tokenizer_file, flatten
 
 NUM_SPECIAL_TOKENS = 1000
 DEFAULT_VOCAB_SIZE = 2**17
@@ -35,6 +35,7 @@ def special_tokens() -> list[str]:
 
 def _ranks(path: str, inner_vocab: int) -> dict[bytes, int]:
     """The first `inner_vocab` entries of the rank file, shifted past the special tokens."""
+    check_tokenizer_file(path, "TikToken rank file")
     try:
         with open(path, encoding="utf-8") as f:
             entries = json.load(f)
