@@ -167,6 +167,8 @@ def one_line_error(capsys, *args) -> str:
     (b'[1, 2]\n', "in.jsonl:1: not a JSON object"),
     (b'{"text": "\xff"}\n', "in.jsonl:1: not UTF-8"),
     (b'{"text": "\\ud800"}\n', "in.jsonl:1: the tokenizer cannot encode"),
+    (b'{"text": "a"}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n", "in.jsonl:2: malformed JSON (RecursionError"),
+    (b'{"text": ' + b"9" * 100_000 + b"}\n", "in.jsonl:1: malformed JSON (ValueError"),
 ])
 def test_bad_line_is_one_line_exit_2(tmp_path, capsys, content, expected):
     jsonl = tmp_path / "in.jsonl"
@@ -285,21 +287,27 @@ def wait_until_writing(proc: subprocess.Popen, tmp_path: Path, timeout: float = 
     raise AssertionError(f"the run did not start writing: {proc.poll()} {proc.stderr.read() if proc.poll() else ''}")
 
 
-@pytest.mark.parametrize("how", ["sigint", "sigkill"])
+@pytest.mark.parametrize("how", ["sigint", "sigterm", "sigkill"])
 def test_interrupted_run_leaves_nothing_finished(tmp_path, how):
     with FifoInput(tmp_path) as fifo:
         proc = start(tmp_path, "--input", fifo.path, "--output-prefix", "out", *BYTES, "--workers", "2")
         wait_until_writing(proc, tmp_path)
-        os.kill(proc.pid, signal.SIGINT if how == "sigint" else signal.SIGKILL)
+        os.kill(proc.pid, {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[how])
         proc.communicate(timeout=60)  # also waits for the workers: they hold its stderr
-    assert proc.returncode == (130 if how == "sigint" else -signal.SIGKILL)
+    assert proc.returncode == (-signal.SIGKILL if how == "sigkill" else 130)
     assert not (tmp_path / "out_text_document.bin").exists()
     assert not (tmp_path / "out_text_document.idx").exists()
     left = sorted(p.name for p in tmp_path.glob("out*"))
-    if how == "sigint":
+    if how != "sigkill":
         assert left == []  # cleaned up
     else:
         assert left and all(".tmp-" in name for name in left)
+        # the next run removes what the dead one left
+        (tmp_path / "small.jsonl").write_text('{"text": "a"}\n')
+        again = start(tmp_path, "--input", "small.jsonl", "--output-prefix", "out", *BYTES)
+        assert again.wait(timeout=60) == 0
+        assert sorted(p.name for p in tmp_path.glob("out*")) == ["out_text_document.bin",
+                                                                 "out_text_document.idx"]
 
 
 def test_dead_worker_is_an_error_not_a_hang(tmp_path):
@@ -348,3 +356,26 @@ def test_hf_special_tokens_as_megatron_core_sees_them(tmp_path):
     tok = load("sep", {"sep_token": "<|sep|>", "additional_special_tokens": ["<|c|>"]})
     assert (tok.vocab_size, tok.eod) == (base + 2, base)
     assert ids(tok, "<|c|>") == [base + 1]
+
+
+def test_a_line_longer_than_the_bound_is_refused(tmp_path, capsys):
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text('{"text": "short"}\n{"text": "' + "x" * 5000 + '"}\n')
+    err = one_line_error(capsys, "--input", jsonl, "--output-prefix", tmp_path / "out", *BYTES,
+                         "--max-line-bytes", 1000)
+    assert "in.jsonl:2: a line longer than 1,000 bytes" in err
+    assert run("--input", jsonl, "--output-prefix", tmp_path / "out", *BYTES, "--max-line-bytes", 5012) == 0
+
+
+def test_the_output_never_overwrites_the_input(tmp_path, capsys):
+    jsonl = tmp_path / "out_text_document.bin"
+    jsonl.write_text('{"text": "a"}\n')
+    err = one_line_error(capsys, "--input", jsonl, "--output-prefix", tmp_path / "out", *BYTES)
+    assert "would overwrite the input" in err and jsonl.read_text() == '{"text": "a"}\n'
+
+
+def test_workers_are_capped_at_the_cpus(tmp_path, caplog):
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text('{"text": "a"}\n')
+    assert run("--input", jsonl, "--output-prefix", tmp_path / "out", *BYTES, "--workers", 10**20) == 0
+    assert "--workers 100000000000000000000: using" in caplog.text

@@ -14,7 +14,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-prefix", required=True, help="writes PREFIX_<key>_document.{bin,idx}")
     p.add_argument("--json-keys", nargs="+", default=["text"], help="keys to tokenize (default: text)")
     p.add_argument("--append-eod", action="store_true", help="end each non-empty document with eod")
-    p.add_argument("--workers", type=int, default=1, help="tokenizer processes (default 1)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="tokenizer processes (default 1; at most the CPUs this process may use)")
+    p.add_argument("--max-line-bytes", type=int, default=64 << 20,
+                   help="refuse a line (one document) longer than this (default 64 MiB): "
+                        "a line is held in memory whole, several times over")
     p.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES,
                    help="Megatron's tokenizer types, or ByteLevel (byte = token, eod 256)")
     p.add_argument("--tokenizer-model", help="Hugging Face tokenizer folder or tokenizer.json; "

@@ -5,8 +5,11 @@ can fail done in the parent before any worker starts."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -15,6 +18,7 @@ import numpy as np
 from mmfs.errors import PreprocessError
 from mmfs.formats.dtypes import optimal_dtype
 from mmfs.formats.writer import IndexedDatasetWriter
+from mmfs.megatron.cachelock import pid_alive
 from mmfs.tools.preprocess import pipeline
 from mmfs.tools.preprocess.source import open_input, read_chunks
 from mmfs.tools.preprocess.tokenizer import (
@@ -118,9 +122,46 @@ def output_paths(prefix: str, key: str) -> tuple[str, str]:
     return base + ".bin", base + ".idx"
 
 
+def _cap_workers(asked: int) -> int:
+    """At most the CPUs this process may use: more processes only contend for them
+    (10,000 forked workers drove the load average past 50)."""
+    if asked < 1:
+        raise PreprocessError(f"--workers {asked}: give 1 or more")
+    cpus = len(os.sched_getaffinity(0))
+    if asked > cpus:
+        log.warning("--workers %d: using %d, the CPUs available to this process", asked, cpus)
+    return min(asked, cpus)
+
+
+def _check_not_input(finals: dict[str, tuple[str, str]], input_path: str) -> None:
+    for paths in finals.values():
+        for path in paths:
+            if os.path.exists(path) and os.path.samefile(path, input_path):
+                raise PreprocessError(f"{path}: --output-prefix would overwrite the input; "
+                                      "choose another output prefix")
+
+
+def _remove_dead_runs_temporaries(finals: dict[str, tuple[str, str]]) -> None:
+    """A run killed hard (SIGKILL, a crash) leaves PATH.tmp-PID behind: remove those
+    whose process is gone, as the index cache does."""
+    for paths in finals.values():
+        for path in paths:
+            for tmp in glob.glob(glob.escape(path) + ".tmp-*"):
+                pid = tmp.rsplit(".tmp-", 1)[1]
+                if pid.isdigit() and not pid_alive(int(pid)):
+                    with contextlib.suppress(OSError):
+                        os.remove(tmp)
+
+
+def _raise_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt  # unwinds like Ctrl-C: the temporary outputs are removed
+
+
 def preprocess_command(args: argparse.Namespace) -> int:
-    if args.workers < 1:
-        raise PreprocessError(f"--workers {args.workers}: give 1 or more")
+    args.workers = _cap_workers(args.workers)
+    if args.max_line_bytes < 1:
+        raise PreprocessError(f"--max-line-bytes {args.max_line_bytes}: give 1 or more")
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
     if len(set(args.json_keys)) != len(args.json_keys):
         raise PreprocessError(f"--json-keys {' '.join(args.json_keys)}: a key is given twice")
     _check_flags(args)
@@ -139,6 +180,8 @@ def preprocess_command(args: argparse.Namespace) -> int:
     job = pipeline.Job(spec, tuple(args.json_keys), args.append_eod, dtype.name, args.skip_bad_lines,
                        args.input)
     finals = {key: output_paths(args.output_prefix, key) for key in args.json_keys}
+    _check_not_input(finals, args.input)
+    _remove_dead_runs_temporaries(finals)
     # Temporary names until the end: an interrupted run leaves nothing that looks finished.
     temps = {key: tuple(f"{p}.tmp-{os.getpid()}" for p in paths) for key, paths in finals.items()}
     writers: dict[str, IndexedDatasetWriter] = {}
@@ -150,7 +193,7 @@ def preprocess_command(args: argparse.Namespace) -> int:
         for key, (bin_tmp, _) in temps.items():
             writers[key] = IndexedDatasetWriter(bin_tmp, dtype=dtype)
         with stream:
-            pipeline.run(job, read_chunks(args.input, stream), writers, args.workers, progress)
+            pipeline.run(job, read_chunks(args.input, stream, args.max_line_bytes), writers, args.workers, progress)
         for key, (_, idx_tmp) in temps.items():
             writers[key].finalize(idx_tmp)
         # .bin first, .idx last: an .idx beside a .bin means the pair is complete.

@@ -70,6 +70,8 @@ def _texts(line: bytes, line_no: int, job: Job) -> list[list[str]]:
         raise BadLine(f"{where}: not UTF-8 (byte {exc.start} of the line)") from None
     except json.JSONDecodeError as exc:
         raise BadLine(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits, deep nesting
+        raise BadLine(f"{where}: malformed JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
     if not isinstance(data, dict):
         raise BadLine(f"{where}: not a JSON object")
     out = []

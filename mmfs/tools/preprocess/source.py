@@ -71,13 +71,18 @@ def _split_cr(line: bytes) -> list[bytes]:
     return out
 
 
-def read_chunks(path: str, stream: io.BufferedIOBase) -> Iterator[Chunk]:
-    """Yield the input's lines in chunks of about CHUNK_BYTES."""
+def read_chunks(path: str, stream: io.BufferedIOBase, max_line: int) -> Iterator[Chunk]:
+    """Yield the input's lines in chunks of about CHUNK_BYTES; a line longer than
+    `max_line` bytes is refused before it is read whole."""
     line_no = 1
     lines: list[bytes] = []
     nbytes = 0
     try:
-        for raw in stream:
+        while raw := stream.readline(max_line + 1):
+            if len(raw) > max_line and not raw.endswith(b"\n"):
+                raise PreprocessError(
+                    f"{path}:{line_no + len(lines)}: a line longer than {max_line:,} bytes; raise "
+                    "--max-line-bytes if the document is real (it is held in memory whole)")
             for line in _split_cr(raw) if b"\r" in raw else (raw,):
                 lines.append(line)
                 nbytes += len(line)
@@ -85,6 +90,8 @@ def read_chunks(path: str, stream: io.BufferedIOBase) -> Iterator[Chunk]:
                     yield Chunk(line_no, lines, nbytes)
                     line_no += len(lines)
                     lines, nbytes = [], 0
+    except PreprocessError:
+        raise
     except Exception as exc:  # OSError, EOFError, or a decompressor's own error class
         raise PreprocessError(f"{path}: cannot read the input after line {line_no + len(lines) - 1} "
                               f"({exc}); is the file truncated or corrupt?") from None
