@@ -8,9 +8,11 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
+import logging
 import os
 import shutil
 import subprocess
+import time
 
 import fuse as fusepy
 import numpy as np
@@ -232,3 +234,47 @@ def test_rank_files_are_their_samples_back_to_back(tmp_path, sampler):
                         for off in (1, 3, len(want) // 2 + 1):
                             f.seek(off)
                             assert f.read(333) == want[off : off + 333]
+
+
+def test_a_read_failing_again_and_again_is_logged_a_few_times(tmp_path):
+    """Readers retrying a failed read: the first lines, then at most one a second."""
+    shutil.copytree(GOLDEN / "data", tmp_path / "data")
+    config = write_case_config("p1_single_u16", tmp_path)
+    corpus = open_corpus(str(config), progress=False)
+    ds = corpus.datasets[0].dataset
+    with mounted(config, tmp_path / "mnt", "-o", "map_limit_mb=0") as m:
+        samples = m.path / "train" / "samples"
+        os.truncate(ds.bin_path, os.path.getsize(ds.bin_path) // 2)
+        failing = None
+        for i in range(1, 400):
+            try:
+                (samples / f"{i:07d}.bin").read_bytes()
+            except OSError:
+                failing = samples / f"{i:07d}.bin"
+                break
+        assert failing is not None
+        start = time.monotonic()
+        for _ in range(300):
+            with pytest.raises(OSError):
+                failing.read_bytes()
+        seconds = time.monotonic() - start
+        lines = [x for x in m.log.read_text().splitlines() if f"/train/samples/{failing.name}" in x]
+        assert 3 <= len(lines) <= 3 + seconds + 2, len(lines)
+
+
+def test_repeat_filter_summarises_copies(monkeypatch):
+    from mmfs.mount import repeats
+
+    clock = [100.0]
+    monkeypatch.setattr(repeats.time, "monotonic", lambda: clock[0])
+    f = repeats.RepeatFilter()
+
+    def record(msg):
+        return logging.LogRecord("mmfs", logging.ERROR, __file__, 1, msg, None, None)
+
+    passed = [f.filter(record("boom")) for _ in range(10)]
+    assert passed == [True] * 3 + [False] * 7
+    assert f.filter(record("other"))  # another line is not held back
+    clock[0] += 1.5
+    summary = record("boom")
+    assert f.filter(summary) and summary.getMessage() == "boom (8 times since the last such line)"

@@ -37,6 +37,7 @@ import fuse as fusepy
 from mmfs.errors import MmfsError, MountError
 from mmfs.mount.latency import LatencyGuard
 from mmfs.mount.options import MountOptions
+from mmfs.mount.repeats import RepeatFilter
 from mmfs.mount.tree import DIR_MODE, FILE_MODE, LINK_MODE, Dir, Tree
 from mmfs.mount.views import read_failure
 from mmfs.native import check, ffi, lib
@@ -319,6 +320,8 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions | None = None) -> N
     `options.fuse` are libfuse mount options on top of DEFAULT_OPTIONS;
     `map_limit_mb` acted when the corpus was opened."""
     options = options or MountOptions()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RepeatFilter())
     opts = dict(DEFAULT_OPTIONS)
     opts.update(options.fuse)
     # The source column of `mount`/`df`: "mmfs:<config file name>".
