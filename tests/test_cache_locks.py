@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -326,3 +327,68 @@ def test_a_killed_builders_claim_is_taken_over(tmp_path):
     again = mmfs("-v", "build", config)
     out_again, err_again = again.communicate(timeout=120)
     assert out_again == out and not built_labels(err_again)
+
+
+def _first_build(tmp_path) -> tuple[Path, Path]:
+    config = write_config(tmp_path, cache_dir="cache")
+    build = mmfs("-q", "build", str(config))
+    assert build.wait(timeout=120) == 0, build.stderr.read()
+    return config, tmp_path / "cache"
+
+
+def test_an_empty_lock_file_is_not_a_builders(tmp_path):
+    """What a builder on a full disk used to leave: the next build takes it over at once."""
+    config, cache = _first_build(tmp_path)
+    index = sorted(cache.glob("*-GPTDataset-train-shuffle_index.npy"))[0]
+    index.unlink()  # a miss: the next build must take this index's lock
+    lock = cache / index.name.replace("-shuffle_index.npy", ".lock")
+    lock.write_bytes(b"")
+    old = time.time() - 60
+    os.utime(lock, (old, old))
+    build = mmfs("-v", "build", str(config))
+    out, err = build.communicate(timeout=60)  # not 120 s of waiting per lock
+    assert build.returncode == 0, err
+    assert "names no builder" in err and not lock.exists()
+
+
+def test_a_lock_path_that_is_a_directory_is_one_line(tmp_path):
+    config, cache = _first_build(tmp_path)
+    index = sorted(cache.glob("*-GPTDataset-train-shuffle_index.npy"))[0]
+    index.unlink()
+    lock = cache / index.name.replace("-shuffle_index.npy", ".lock")
+    lock.mkdir()
+    build = mmfs("-q", "build", str(config))
+    out, err = build.communicate(timeout=60)
+    assert build.returncode == 2 and err.count("\n") == 1 and str(lock) in err, err
+
+
+def test_a_fifo_in_the_cache_is_rebuilt_not_waited_on(tmp_path):
+    config, cache = _first_build(tmp_path)
+    index = sorted(cache.glob("*-GPTDataset-train-shuffle_index.npy"))[0]
+    index.unlink()
+    os.mkfifo(tmp_path / "fifo")
+    index.symlink_to(tmp_path / "fifo")
+    build = mmfs("-q", "build", str(config))
+    out, err = build.communicate(timeout=60)
+    assert build.returncode == 0, err
+    assert index.is_file() and not index.is_symlink()  # rebuilt in its place
+
+
+def test_a_lock_whose_write_fails_is_not_left_behind(tmp_path):
+    """A real full file system (a tiny tmpfs, tests run as root): the lock file is
+    created, its owner cannot be written, and nothing stays for others to wait on."""
+    folder = tmp_path / "full"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+        with pytest.raises(OSError):
+            while True:
+                os.write(fd, b"\0" * 4096)
+        os.close(fd)
+        with pytest.raises(OSError):
+            cachelock.try_lock(str(folder / "x.lock"))
+        assert not (folder / "x.lock").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(folder)])

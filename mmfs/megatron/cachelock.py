@@ -12,9 +12,11 @@ that waits longer than WAIT_TIMEOUT stops with a message naming the lock file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import stat as stat_module
 import threading
 import time
 
@@ -26,6 +28,8 @@ HEARTBEAT = 5.0
 STALE_AFTER = 120.0  # above NFS attribute caching (up to 60 s)
 WAIT_TIMEOUT = 6 * 3600.0
 HOST = os.uname().nodename  # socket.gethostname(), without importing socket
+
+EMPTY_GRACE = 5.0  # seconds a lock file may be empty while its builder writes it
 
 
 def pid_alive(pid: int) -> bool:
@@ -125,8 +129,12 @@ def try_lock(path: str) -> Lock | None:
         os.write(fd, json.dumps({"host": HOST, "pid": os.getpid(),
                                  "start": time.time()}).encode())
         stat = os.fstat(fd)
-    finally:
+    except OSError:  # a full disk: no empty lock file left for others to wait on
         os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
     lock = Lock(path, stat)
     _HEARTBEAT.add(lock)
     return lock
@@ -155,12 +163,21 @@ def wait_unlocked(path: str, stale_after: float | None = None,
             st = os.stat(path)
         except FileNotFoundError:
             return
+        if not stat_module.S_ISREG(st.st_mode):
+            raise CacheError(f"{path}: not a file (a directory or special file) where mmfs keeps "
+                             "a build lock; remove it and run again")
         now = time.monotonic()
         key = (st.st_ino, st.st_mtime_ns)
         if key != seen:
             seen, seen_since = key, now
         owner = read_owner(path)
         if owner is None:
+            return
+        if not owner and time.time() - st.st_mtime > EMPTY_GRACE:
+            # A builder writes its owner right after creating the file: an empty or
+            # unreadable lock is one whose write failed (a full disk), not a builder.
+            log.warning("%s: names no builder; taking the lock over", path)
+            _remove_if_unchanged(path, st)
             return
         if dead_here(owner):
             log.warning("%s: its builder (pid %s on %s) is gone; taking the lock over",

@@ -6,11 +6,13 @@ that says a file is unchanged."""
 from __future__ import annotations
 
 import ast
+import errno
 import functools
 import logging
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,13 +79,23 @@ NPY_MIN_HEADER = 10  # magic, version and header length: no array starts before
 TAIL = 16  # bytes read from a .npy file's end with its header: a sample index's last row
 
 
+def open_regular(path: str) -> tuple[int, os.stat_result]:
+    """An open descriptor of a cache file and its stat, never blocking: a FIFO or a
+    device where a cache file belongs is an OSError (the index is a miss, rebuilt)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd, st
+
+
 def read_npy_header(path: str) -> CachedArray:
     """dtype, shape and data offset of a .npy file from its first bytes; ValueError
     when it is not a whole, plain .npy file (truncated, pickled, Fortran order)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd, st = open_regular(path)
     try:
         head = os.pread(fd, 4096, 0)
-        st = os.fstat(fd)
         size = st.st_size
         tail = os.pread(fd, TAIL, size - TAIL) if size > len(head) else b""
     finally:
@@ -117,9 +129,8 @@ def read_npy_header(path: str) -> CachedArray:
 
 def read_text(path: str, limit: int) -> tuple[str, FileId]:
     """At most `limit` bytes of a file, as text, and the file's FileId."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd, st = open_regular(path)
     try:
-        st = os.fstat(fd)
         raw = os.read(fd, limit)
     finally:
         os.close(fd)
