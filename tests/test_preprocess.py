@@ -379,3 +379,15 @@ def test_workers_are_capped_at_the_cpus(tmp_path, caplog):
     jsonl.write_text('{"text": "a"}\n')
     assert run("--input", jsonl, "--output-prefix", tmp_path / "out", *BYTES, "--workers", 10**20) == 0
     assert "--workers 100000000000000000000: using" in caplog.text
+
+
+@pytest.mark.parametrize("cut", ["half", "last-bytes"])
+def test_a_truncated_zst_is_refused(tmp_path, capsys, cut):
+    zstandard = pytest.importorskip("zstandard")
+    data = b"".join(b'{"text": "document %d"}\n' % i for i in range(5000))
+    frame = zstandard.ZstdCompressor().compress(data)
+    jsonl = tmp_path / "in.jsonl.zst"
+    jsonl.write_bytes(frame[: len(frame) // 2] if cut == "half" else frame + frame[:-3])
+    err = one_line_error(capsys, "--input", jsonl, "--output-prefix", tmp_path / "out", *BYTES)
+    assert "in.jsonl.zst" in err and "ends inside a zstd frame" in err
+    assert not list(tmp_path.glob("out*"))

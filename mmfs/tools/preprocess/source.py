@@ -40,9 +40,49 @@ def _open_zstd(path: str) -> io.BufferedIOBase:
     except ImportError:
         raise PreprocessError(f"{path}: reading .zst needs the `zstandard` package "
                               "(pip install zstandard) or Python >= 3.14") from None
-    raw = open(path, "rb")  # noqa: SIM115 - closed with the reader
-    # read_across_frames: files of several frames (parallel or appended writes) are read whole.
-    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True))
+    return io.BufferedReader(_ZstdFrames(path, zstandard.ZstdDecompressor()))
+
+
+class _ZstdFrames(io.RawIOBase):
+    """Every frame of a .zst file (parallel or appended writes make several), and an
+    EOFError when the file ends inside a frame: zstandard's stream reader returns what
+    it decompressed so far, so a truncated file read as fewer documents."""
+
+    def __init__(self, path: str, decompressor) -> None:
+        self._raw = open(path, "rb")  # noqa: SIM115 - closed with this reader
+        self._zstd = decompressor
+        self._frame = decompressor.decompressobj()
+        self._out = memoryview(b"")  # decompressed, not yet read
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._out:
+            data = self._raw.read(1 << 20)
+            if not data:
+                if not self._frame.eof and self._started:
+                    raise EOFError("the file ends inside a zstd frame")
+                return 0
+            self._started = True
+            out = []
+            while data:
+                out.append(self._frame.decompress(data))
+                data = b""
+                if self._frame.eof:  # the next frame starts in what is left over
+                    data, self._frame = self._frame.unused_data, self._zstd.decompressobj()
+                    self._started = bool(data)
+            self._out = memoryview(b"".join(out))
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    _started = False
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def open_input(path: str) -> io.BufferedIOBase:
