@@ -139,3 +139,72 @@ def test_few_indices_in_a_folder_get_no_header_file(tmp_path):
     config.write_text(yaml.safe_dump(BLEND_CONFIG))
     open_corpus(str(config), progress=False)
     assert header_files(tmp_path / "cache") == []
+
+
+# Lies that keep every size consistent with the file's: only the file's own .npy
+# header can tell them. Each edits one entry [descr, shape, offset, file id].
+def blend_sample_index_one_element_later(indices):  # the lie the issue found
+    entry = next(v for k, v in indices.items() if "-BlendedDataset-train" in k)
+    descr, shape, offset, file = entry["dataset_sample_index"]
+    size = np.dtype(descr).itemsize
+    entry["dataset_sample_index"] = [descr, [shape[0] - 1], offset + size, file]
+
+
+def document_index_one_element_later(indices):
+    entry = next(v for k, v in indices.items() if "-GPTDataset-" in k)
+    descr, shape, offset, file = entry["document_index"]
+    entry["document_index"] = [descr, [shape[0] - 1], offset + np.dtype(descr).itemsize, file]
+
+
+def sample_index_of_half_width_items(indices):
+    entry = next(v for k, v in indices.items() if "-GPTDataset-" in k)
+    descr, shape, offset, file = entry["sample_index"]
+    other = "<i4" if np.dtype(descr).itemsize == 8 else "<i8"
+    rows = shape[0] * np.dtype(descr).itemsize // np.dtype(other).itemsize
+    entry["sample_index"] = [other, [rows, 2], offset, file]
+
+
+def shuffle_index_of_another_width(indices):
+    entry = next(v for k, v in indices.items() if "-GPTDataset-" in k and
+                 v["shuffle_index"][1][0] % 2 == 0)
+    descr, shape, offset, file = entry["shuffle_index"]
+    other = "<u4" if np.dtype(descr).itemsize == 8 else "<i8"
+    count = shape[0] * np.dtype(descr).itemsize // np.dtype(other).itemsize
+    entry["shuffle_index"] = [other, [count], offset, file]
+
+
+ALL_SAMPLES = """
+import hashlib, json, sys
+from mmfs.megatron import open_corpus
+corpus = open_corpus(sys.argv[1], progress=False, map_limit_mb=int(sys.argv[2]) or None)
+print(json.dumps({n: hashlib.sha256(b"".join(s.read(i) for i in range(len(s)))).hexdigest()
+                  for n, s in corpus.splits.items()}))
+"""
+
+
+def all_samples(config, map_limit_mb: int) -> tuple[dict, str]:
+    out = subprocess.run([sys.executable, "-c", ALL_SAMPLES, str(config), str(map_limit_mb)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout), out.stderr
+
+
+@pytest.mark.parametrize("map_limit_mb", [0, 64])  # every array mapped; placed as the daemon does
+@pytest.mark.parametrize("lie", [blend_sample_index_one_element_later,
+                                 document_index_one_element_later,
+                                 sample_index_of_half_width_items,
+                                 shuffle_index_of_another_width])
+def test_a_header_file_entry_that_disagrees_with_the_files_header_is_not_believed(
+        blend, lie, map_limit_mb):
+    config, cache = blend
+    open_corpus(str(config), progress=False)
+    expected, _ = all_samples(config, map_limit_mb)
+    header = cache / header_files(cache)[0]
+    saved = json.loads(header.read_bytes())
+    lie(saved["indices"])
+    header.write_text(json.dumps(saved))
+    served, log = all_samples(config, map_limit_mb)
+    assert served == expected
+    assert "that header file is removed; loading the indices from their own files" in log
+    assert reopen(config, cache)["opened"] == [header.name]  # written again, truthfully
+    assert "header" not in all_samples(config, map_limit_mb)[1]

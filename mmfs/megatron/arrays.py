@@ -24,7 +24,7 @@ import numpy as np
 
 from mmfs.errors import FormatError, MmfsError
 from mmfs.formats.dtypes import native_code
-from mmfs.megatron.npyfile import CachedArray
+from mmfs.megatron.npyfile import HEAD, CachedArray
 from mmfs.native import ffi, lib
 from mmfs.storage.file import FileSource, read_fd_into
 from mmfs.storage.memory import MemorySource
@@ -200,6 +200,8 @@ class ArrayPlacer:
             if fd is None:
                 fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 self._openings[path] = next(_openings)
+            if isinstance(array, CachedArray) and array.known_from is not None:
+                array.vouched(os.pread(fd, HEAD, 0))  # the first page: read anyway, soon
             for c2 in by_region[region]:
                 c2.data, c2.fd, c2.file, c2.offset = ffi.NULL, fd, self._openings[path], offset
 

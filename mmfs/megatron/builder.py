@@ -264,8 +264,10 @@ class Builder:
     processes may build into one cache folder: each index is built by the one
     holding its lock (cachelock.py); the others load it when it is there."""
 
-    def __init__(self, config: Config, datasets: dict, jobs: int | None = None) -> None:
+    def __init__(self, config: Config, datasets: dict, jobs: int | None = None,
+                 trust_header_files: bool = True) -> None:
         self.config = config
+        self.trust_header_files = trust_header_files  # False: read every index's own files
         self.datasets = datasets
         self.jobs = jobs or default_jobs()
         self.batch = Batch()
@@ -447,7 +449,7 @@ class Builder:
         assign_locks(tasks)
         header_files = self._header_files(tasks)
         known: dict = {}
-        for header_file, group in header_files:
+        for header_file, group in header_files if self.trust_header_files else ():
             known.update(header_file.read({t.cache.base: t.specs for t in group}))
         try:
             # Cache hits first, in this thread: a thread per hit costs more than the hit.
@@ -468,7 +470,7 @@ class Builder:
                 for u in held:
                     log.info("%s: waiting for the builder holding %s", u[0].label, u[0].lock_path)
                     wait_unlocked(u[0].lock_path)
-                for header_file, group in header_files if held else ():
+                for header_file, group in header_files if held and self.trust_header_files else ():
                     # written by a builder that is done: what it holds need not be read
                     known.update(header_file.read({t.cache.base: t.specs for t in group
                                                    if t.result is None}))

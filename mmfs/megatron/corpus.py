@@ -17,6 +17,7 @@ from mmfs.errors import MmfsError
 from mmfs.formats import open_dataset
 from mmfs.megatron.arrays import ArrayPlacer
 from mmfs.megatron.builder import Builder, SplitIndices
+from mmfs.megatron.npyfile import HeaderFileLied
 from mmfs.megatron.reader import SplitReader, TokenSource
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,20 @@ class Corpus:
     @cached_property
     def splits(self) -> dict[str, SplitReader]:
         """Readers of each non-empty split. Made on first use: they map every index
-        file, which a summary of the indices (`mmfs build`) does not need."""
+        file, which a summary of the indices (`mmfs build`) does not need.
+
+        An index known from a header file is checked here against its files' own
+        headers (their first page is read here anyway); when an entry lied, the
+        indices are loaded again from the files themselves."""
+        try:
+            return self._readers()
+        except HeaderFileLied as exc:
+            log.warning("%s; loading the indices from their own files", exc.why)
+            self._placer.close()
+            self.indices = Builder(self.config, self._by_file, trust_header_files=False).build()
+            return self._readers()
+
+    def _readers(self) -> dict[str, SplitReader]:
         limit = self._map_limit_mb
         self._placer = ArrayPlacer(None if limit is None else limit << 20)
         self._sources = {file: TokenSource(ds, self._placer) for file, ds in self._by_file.items()}

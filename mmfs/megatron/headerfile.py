@@ -71,7 +71,8 @@ class HeaderFile:
             if now != tuple(saved_id) or min(shape, default=0) < 0 or offset < NPY_MIN_HEADER \
                     or now[0] != offset + math.prod(shape) * dtype.itemsize:
                 return None
-            arrays[name] = CachedArray(path, dtype, shape, offset, file=now)
+            arrays[name] = CachedArray(path, dtype, shape, offset, file=now,
+                                       known_from=self.path)
         return (description, arrays) if arrays_fit_specs(arrays, specs) else None
 
     def write(self, indices: list[tuple[IndexCache, dict]]) -> None:

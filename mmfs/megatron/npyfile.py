@@ -6,16 +6,20 @@ that says a file is unchanged."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import errno
 import functools
 import logging
 import math
+import operator
 import os
 import re
 import stat
 from dataclasses import dataclass
 
 import numpy as np
+
+from mmfs.errors import FormatError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,10 @@ class CachedArray:
     head: bytes = b""  # the file's first bytes, as read for the header
     file: FileId | None = None  # the file as read or written
     tail: bytes = b""  # its last bytes (a sample index's last row), read with the header
+    # The header file this array is known from, its own header not read yet (None:
+    # read). Such an array is checked against the file's own header before any of
+    # its bytes are used (`vouched`): a cache entry never changes what is served.
+    known_from: str | None = None
 
     @property
     def size(self) -> int:
@@ -53,7 +61,36 @@ class CachedArray:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
+    def vouched(self, head: bytes | None = None) -> CachedArray:
+        """This array, once its file's own header (in `head`, its first bytes, or
+        read here) says what its header-file entry said; HeaderFileLied when it
+        does not (and the header file is removed: it is not to be believed again)."""
+        if self.known_from is None:
+            return self
+        if head is None:
+            fd, _ = open_regular(self.path)
+            try:
+                head = os.pread(fd, HEAD, 0)
+            finally:
+                os.close(fd)
+        try:
+            dtype, shape, offset = parse_npy_header(head)
+            found = f"{dtype.str} {list(shape)} at byte {offset}"
+        except ValueError as exc:
+            dtype, found = None, str(exc)
+        if dtype == self.dtype and (shape, offset) == (self.shape, self.offset):
+            return dataclasses.replace(self, known_from=None, head=head)
+        try:
+            os.unlink(self.known_from)
+        except OSError:
+            pass
+        raise HeaderFileLied(self.known_from, f"{self.path}: its header says {found}, but "
+                             f"{self.known_from} says {self.dtype.str} {list(self.shape)} at "
+                             f"byte {self.offset}; that header file is removed")
+
     def map(self) -> np.ndarray:
+        if self.known_from is not None:
+            return self.vouched().map()
         if math.prod(self.shape) == 0:
             return np.zeros(self.shape, self.dtype)
         return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset,
@@ -61,6 +98,8 @@ class CachedArray:
 
     def read_item(self, flat_index: int) -> int:
         """One element (C order) read with pread, without mapping the file."""
+        if self.known_from is not None:
+            return self.vouched().read_item(flat_index)
         size = self.dtype.itemsize
         at = self.offset + flat_index * size
         if at + size <= len(self.head):
@@ -75,7 +114,17 @@ class CachedArray:
         return int(np.frombuffer(raw, dtype=self.dtype)[0])
 
 
+class HeaderFileLied(FormatError):
+    """A header file's entry for a cache file disagrees with the file's own header."""
+
+    def __init__(self, header_file: str, message: str) -> None:
+        super().__init__(message + "; run the command again")
+        self.header_file = header_file
+        self.why = message
+
+
 NPY_MIN_HEADER = 10  # magic, version and header length: no array starts before
+HEAD = 4096  # bytes read for a header: numpy writes headers of 64 to a few hundred
 TAIL = 16  # bytes read from a .npy file's end with its header: a sample index's last row
 
 
@@ -90,16 +139,9 @@ def open_regular(path: str) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def read_npy_header(path: str) -> CachedArray:
-    """dtype, shape and data offset of a .npy file from its first bytes; ValueError
-    when it is not a whole, plain .npy file (truncated, pickled, Fortran order)."""
-    fd, st = open_regular(path)
-    try:
-        head = os.pread(fd, 4096, 0)
-        size = st.st_size
-        tail = os.pread(fd, TAIL, size - TAIL) if size > len(head) else b""
-    finally:
-        os.close(fd)
+def parse_npy_header(head: bytes) -> tuple[np.dtype, tuple[int, ...], int]:
+    """dtype, shape and data offset from a .npy file's first bytes; ValueError when
+    they are not the header of a plain C-order array."""
     if head[:6] != b"\x93NUMPY" or len(head) < 10:
         raise ValueError("not a .npy file")
     if head[6] == 1:
@@ -114,12 +156,32 @@ def read_npy_header(path: str) -> CachedArray:
         descr, fortran = m.group(1), m.group(2) == "True"
         shape = tuple(int(v) for v in m.group(3).replace(" ", "").split(",") if v)
     else:
-        meta = ast.literal_eval(text)
-        descr, fortran, shape = meta["descr"], meta["fortran_order"], tuple(meta["shape"])
-    dtype = np.dtype(descr)
+        try:
+            meta = ast.literal_eval(text)
+            descr, fortran, shape = meta["descr"], meta["fortran_order"], tuple(meta["shape"])
+        except (SyntaxError, LookupError, TypeError, MemoryError, RecursionError):
+            raise ValueError("malformed header") from None
+    try:
+        dtype = np.dtype(descr)
+        shape = tuple(operator.index(n) for n in shape)
+    except TypeError:
+        raise ValueError("malformed header") from None
     if fortran or dtype.hasobject:
         raise ValueError("not a plain C-order array")
-    offset = start + length
+    return dtype, shape, start + length
+
+
+def read_npy_header(path: str) -> CachedArray:
+    """dtype, shape and data offset of a .npy file from its first bytes; ValueError
+    when it is not a whole, plain .npy file (truncated, pickled, Fortran order)."""
+    fd, st = open_regular(path)
+    try:
+        head = os.pread(fd, HEAD, 0)
+        size = st.st_size
+        tail = os.pread(fd, TAIL, size - TAIL) if size > len(head) else b""
+    finally:
+        os.close(fd)
+    dtype, shape, offset = parse_npy_header(head)
     if size != offset + math.prod(shape) * dtype.itemsize:
         raise ValueError(f"{size} bytes, not the {offset + math.prod(shape) * dtype.itemsize} "
                          "its header says")
