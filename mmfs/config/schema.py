@@ -94,6 +94,12 @@ class Config:
     cache_dir: str | None  # resolved; None: Megatron's default beside each dataset
     raw: dict[str, Any] = field(default_factory=dict)
     training: TrainingConfig | None = None  # the optional `training:` block
+    # The keys a split's sample count comes from, where not `samples.<split>`.
+    sample_keys: dict[str, str] = field(default_factory=dict)
+
+    def samples_key(self, split: str) -> str:
+        """What to change to change the split's sample count."""
+        return self.sample_keys.get(split, f"samples.{split}")
 
     @property
     def effective_pad(self) -> int:
@@ -451,7 +457,10 @@ def load_config(path: str) -> Config:
         cache_dir = checker.path_text(cache_dir, "cache_dir", "a directory path")
         cache_dir = os.path.normpath(os.path.join(base_dir, cache_dir))
     training = with_schedule(parse_training(raw.get("training"), checker), sequence_length, checker)
-    samples = samples_with_training(_parse_samples(raw.get("samples"), checker), training, checker)
+    given = _parse_samples(raw.get("samples"), checker)
+    samples = samples_with_training(given, training, checker)
+    sample_keys = {} if training is None else \
+        {s: training.derived_from(s) for s in SPLITS if given.get(s) is None and samples[s] is not None}
     _check_weighted_sizes(blend, blend_per_split, samples, checker)
     return Config(
         path=path,
@@ -473,6 +482,7 @@ def load_config(path: str) -> Config:
         cache_dir=cache_dir,
         raw=raw,
         training=training,
+        sample_keys=sample_keys,
     )
 
 
@@ -523,6 +533,19 @@ class TrainingConfig:
             "valid": (iters // self.eval_interval + 1) * eval_iters * gbs,
             "test": eval_iters * gbs,
         }
+
+    def derived_from(self, split: str) -> str:
+        """The keys derived_samples() computes the split's count from, as a formula."""
+        gbs = "training.global_batch_size" if self.global_batch_size else \
+            "training.micro_batch_size × training.data_parallel_size"
+        if split == "train":
+            return "training.train_samples" if self.train_samples is not None else \
+                f"training.train_iters × {gbs}"
+        iters = "training.train_iters" if self.train_iters is not None else \
+            "the iterations of training.train_samples"
+        if split == "valid":
+            return f"({iters} ÷ training.eval_interval + 1) × training.eval_iters × {gbs}"
+        return f"training.eval_iters × {gbs}"
 
     def as_dict(self) -> dict[str, Any]:
         scheduled = {k: getattr(self, k) for k in sorted(SCHEDULE_KEYS) if getattr(self, k) is not None}

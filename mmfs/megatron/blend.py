@@ -37,15 +37,14 @@ def sizes_per_dataset(weights: list[float], target: int, surplus: float = 0.0) -
     return [int(math.ceil(math.ceil(target * w) * (1 + surplus))) for w in weights]
 
 
-def check_blend_fits(size: int) -> None:
+def check_blend_fits(size: int, where: str = "", key: str = "samples.<split>") -> None:
     """Refuse, before allocating, a blend whose two arrays (int16 + int64 per
-    sample) cannot fit in memory."""
+    sample) cannot fit in memory. where: the config and key, as the line begins."""
     need = size * (2 + 8)
     memory, source = available_memory()
     if need > memory:
-        raise ConfigError(f"a blend of {size:,} samples needs {gib(need)} of memory for its "
-                          f"indices, more than the {gib(memory)} of {source}; lower the "
-                          "sample count (samples.<split>)")
+        raise ConfigError(f"{where}a blend of {size:,} samples needs {gib(need)} of memory for its "
+                          f"indices, more than the {gib(memory)} of {source}; lower {key}")
 
 
 def build_blending_indices(weights: list[float], size: int) -> dict[str, np.ndarray]:

@@ -118,17 +118,19 @@ def free_disk(folder: str) -> int | None:
         return None
 
 
-def check_gpt_build(dataset, p: GptParams, cache_folder: str | None, config_path: str) -> None:
+def check_gpt_build(dataset, p: GptParams, cache_folder: str | None, config_path: str,
+                    samples_key: str) -> int:
     """Before one GPTDataset is built: its sequences are sound (check_sequences) and
-    its indices fit in memory, else one line naming the key (samples.<split>, or the
-    dataset for a one-epoch split) and the sizes; a cache folder without room for them
-    is a warning (they are built in memory)."""
+    its indices fit in memory, else one line naming the key (`samples_key`, what the
+    split's sample count comes from, or the dataset for a one-epoch split) and the
+    sizes; a cache folder without room for them is a warning (they are built in
+    memory). Returns the split's tokens."""
     tokens = check_sequences(dataset, p.beg, p.end)
     if tokens <= 0:
-        return  # the builder names an empty split
+        return tokens  # the builder names an empty split
     size = predict_gpt_size(p, plan_epochs(p, tokens))
     if p.num_samples is not None:
-        key = f"samples.{p.split}"
+        key = samples_key
         what = (f"{p.num_samples:,} {p.split} samples from {p.dataset_path} "
                 f"({size.epochs:,} epochs of {p.end - p.beg:,} sequences) need")
     else:
@@ -154,3 +156,4 @@ def check_gpt_build(dataset, p: GptParams, cache_folder: str | None, config_path
         log.warning("%s %s of index cache, more than the %s free in %s; they are built in memory "
                     "and not cached: free some space, or set cache_dir to a folder with room",
                     prefix, gib(size.total), gib(free), cache_folder)
+    return tokens

@@ -28,13 +28,14 @@ from mmfs.megatron.blend import (
     blend_description,
     build_blending_indices,
     build_exhaustive_blending_indices,
+    check_blend_fits,
     sizes_per_dataset,
 )
 from mmfs.megatron.buildcheck import check_gpt_build
 from mmfs.megatron.cache import IndexCache, description_hash
 from mmfs.megatron.cachelock import try_lock, wait_unlocked
 from mmfs.megatron.cachewrite import Batch
-from mmfs.megatron.gpt import GptParams, build_gpt_indices
+from mmfs.megatron.gpt import GptParams, build_gpt_indices, plan_epochs, predict_gpt_size
 from mmfs.megatron.headerfile import HEADERS_FROM, HeaderFile
 from mmfs.megatron.npyfile import CachedArray
 from mmfs.megatron.splits import normalize, split_matrix, split_range
@@ -173,12 +174,14 @@ class _Task:
     """One index to obtain: from the cache, by building it, or by waiting for the
     builder that holds its lock. `result` is set once it is obtained."""
 
-    def __init__(self, cache: IndexCache, specs: dict, label: str, fits, make) -> None:
+    def __init__(self, cache: IndexCache, specs: dict, label: str, fits, make, check) -> None:
         self.cache = cache
         self.specs = specs
         self.label = label
         self.fits = fits  # cached arrays (headers) -> bool
         self.make = make  # () -> dict of arrays
+        self.check = check  # () -> None: raises when it cannot be built (before any is)
+        self.checked = False
         self.result: tuple[dict, bool] | None = None  # (arrays, from_cache)
         self.weights: list | None = None  # a blend's, as Megatron describes them
         self.lock_path = cache.lock_path  # or its claim's (assign_locks)
@@ -283,17 +286,11 @@ class Builder:
     # -- one GPTDataset ----------------------------------------------------------
 
     def gpt_task(self, spec: DatasetSpec, split: str, bookend: tuple, num_samples: int | None,
-                 key: str) -> tuple[_Task, GptParams]:
+                 key: str, by_length: bool = False) -> tuple[_Task, GptParams]:
+        """by_length: the task is one of a blend weighted by its datasets' lengths."""
         c = self.config
         dataset = self.datasets[spec.file]
         beg, end = split_range(bookend, dataset.num_sequences)
-        if end <= beg:
-            raise self.fail(
-                key,
-                f"the {split} split gets 0 of the {dataset.num_sequences} sequences of "
-                f"{spec.path}; Megatron cannot build it (it loops forever). Give {split} a "
-                "larger share or set its share to 0",
-            )
         params = GptParams(
             dataset_path=spec.path,
             split=split,
@@ -312,18 +309,28 @@ class Builder:
                            "GPTDataset", split)
         label = f"{split}/{spec.name}"
 
+        def check() -> None:
+            tokens = check_gpt_build(dataset, params, cache.folder, c.path, c.samples_key(split))
+            if tokens == 0 and num_samples is not None:
+                which = (f"gets 0 of the {dataset.num_sequences} sequences of {spec.path}"
+                         if end <= beg else f"of {spec.path} (sequences {beg}..{end}) holds no tokens")
+                raise self.fail(
+                    key,
+                    f"the {split} split {which}; Megatron's GPTDataset hangs on it (it adds "
+                    f"epochs of no tokens until they hold {num_samples:,} samples). Give {split} "
+                    "a larger share of `split`, set its share to 0, or leave the dataset out",
+                )
+            if by_length and (tokens == 0 or predict_gpt_size(params, plan_epochs(params, tokens)).samples == 0):
+                raise self._unweighable(spec, params, key)
+
         def make() -> dict:
-            check_gpt_build(dataset, params, cache.folder, c.path)
             read = getattr(dataset, "read_sequence_lengths", None)
             lengths = read() if read else dataset.sequence_lengths
-            if int(np.asarray(lengths[beg:end]).sum(dtype=np.int64)) == 0:
-                raise self.fail(key, f"the {split} split of {spec.path} (sequences {beg}..{end}) "
-                                     "holds no tokens; nothing can be sampled from it")
             self._progress.building(label)
             return build_gpt_indices(lengths, params, label)
 
         return _Task(cache, GPT_ARRAYS, label, lambda a: self._gpt_arrays_fit(a, params),
-                     make), params
+                     make, check), params
 
     @staticmethod
     def _gpt_arrays_fit(arrays: dict, p: GptParams) -> bool:
@@ -334,12 +341,12 @@ class Builder:
         n = p.end - p.beg
         ok = (sample.shape[1:] == (2,) and sample.shape[0] >= 1
               and shuffle.shape[0] == sample.shape[0] - 1
-              and doc.shape[0] % n == 0 and doc.shape[0] >= n)
+              and (doc.shape[0] % n == 0 and doc.shape[0] >= n if n else doc.shape[0] == 0))
         try:
             if ok:
                 last = 2 * (sample.shape[0] - 1)
                 ok = sample.read_item(0) == 0 and sample.read_item(1) == 0 and \
-                    0 <= sample.read_item(last) < doc.shape[0]
+                    0 <= sample.read_item(last) < max(doc.shape[0], 1)
         except (OSError, ValueError):
             ok = False
         if not ok:
@@ -373,8 +380,11 @@ class Builder:
             drawn[:] = np.bincount(arrays["dataset_index"], minlength=len(specs)).tolist()
             return arrays
 
+        def check() -> None:
+            check_blend_fits(expected, f"{c.path}: {c.samples_key(split)}: ", c.samples_key(split))
+
         drawn: list = []
-        task = _Task(cache, BLEND_ARRAYS, f"{split}/blend", fits, make)
+        task = _Task(cache, BLEND_ARRAYS, f"{split}/blend", fits, make, check)
         task.weights = weights
         return task, drawn
 
@@ -455,6 +465,10 @@ class Builder:
             # Cache hits first, in this thread: a thread per hit costs more than the hit.
             pending = [t for t in pending if not self._from_cache(t, known)]
             while pending:
+                for t in pending:  # every refusal before anything is built
+                    if not t.checked:
+                        t.check()
+                        t.checked = True
                 claims: dict[str, list[_Task]] = {}
                 for t in pending:
                     claims.setdefault(t.lock_path, []).append(t)
@@ -540,12 +554,18 @@ class Builder:
         lengths = [len(g) for g in p["gpts"]]
         for g, n in zip(p["gpts"], lengths):
             if n == 0:
-                raise self.fail(p["key"], f"{g.spec.path} has no {p['split']} samples (its "
-                                f"{p['split']} tokens do not fill one sequence); Megatron "
-                                "cannot weight it by length")
+                raise self._unweighable(g.spec, g.params, p["key"])
         size = self.config.samples[p["split"]]
         p["weights"], p["size"] = lengths, None if size is None else min(size, sum(lengths))
         return self.blend_task(p["split"], p["specs"], p["descriptions"], p["weights"], p["size"])
+
+    def _unweighable(self, spec: DatasetSpec, params: GptParams, key: str) -> ConfigError:
+        split = params.split
+        return self.fail(key, f"{spec.path} has no {split} samples (its {split} tokens, "
+                              f"sequences {params.beg}..{params.end}, do not fill one sequence); "
+                              "the datasets have no weights, so Megatron weights them by their "
+                              "lengths and its BlendedDataset asserts that every weight is above 0. "
+                              f"Give {split} a larger share, set its share to 0, or leave the dataset out")
 
     def _plan_blend(self, specs, weights, bookends: dict, key: str, per_split: bool) -> list[dict]:
         """What each split needs: its GPTDataset tasks and, where it blends, the blend."""
@@ -575,7 +595,8 @@ class Builder:
             else:
                 sizes = [None] * len(specs)
                 p["by_length"] = True
-            made = [self.gpt_task(s, split, bookend, n, key) for s, n in zip(specs, sizes)]
+            made = [self.gpt_task(s, split, bookend, n, key, bool(p.get("by_length")))
+                    for s, n in zip(specs, sizes)]
             p["gpt_tasks"] = [t for t, _ in made]
             p["params"] = [params for _, params in made]
             p["descriptions"] = [t.cache.description for t, _ in made]

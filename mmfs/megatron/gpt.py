@@ -111,6 +111,8 @@ def build_document_index(beg: int, end: int, epochs: int, rng: np.random.RandomS
 def build_sample_index(lengths: np.ndarray, document_index: np.ndarray, p: GptParams,
                        plan: EpochPlan) -> np.ndarray:
     """Megatron's build_sample_idx, in C."""
+    if plan.tokens_per_epoch == 0:  # a split of no tokens and no sample count: empty, as Megatron's
+        return np.zeros((1, 2), dtype=np.int32)
     drop_last = int(p.drop_last_partial)
     n = lib.mmfs_sample_count(plan.num_epochs, plan.tokens_per_epoch, p.sequence_length,
                               drop_last, p.extra)

@@ -88,7 +88,7 @@ def _split(name: str, s: Any) -> dict[str, Any]:
                 "sequences": [g.params.beg, g.params.end],
                 "num_samples_requested": g.params.num_samples,
                 "samples": len(g),
-                "epochs": g.shape("document_index")[0] // (g.params.end - g.params.beg),
+                "epochs": g.shape("document_index")[0] // max(1, g.params.end - g.params.beg),
                 "cache": g.cache.path("*"),
             }
             for g in s.gpts
