@@ -24,6 +24,11 @@ static const mmfs_view *g_dyn;
 static int32_t g_num_dyn;
 static int64_t *g_dyn_used;
 static int64_t g_tick;
+static mmfs_read_hook g_read_hook;
+
+void mmfs_fuse_set_read_hook(mmfs_read_hook hook) {
+    __atomic_store_n(&g_read_hook, hook, __ATOMIC_RELEASE);
+}
 
 int64_t mmfs_fuse_tick(void) { return __atomic_add_fetch(&g_tick, 1, __ATOMIC_RELAXED); }
 
@@ -164,6 +169,10 @@ int mmfs_fuse_read(const char *path, char *buf, size_t size, int64_t offset, voi
     int32_t d;
     int64_t file, failed;
     mmfs_latency_touch();
+    mmfs_read_hook hook = __atomic_load_n(&g_read_hook, __ATOMIC_ACQUIRE);
+    if (hook && offset == 0 && /* the mount's own views never change: no lock */
+        mmfs_view_find(g_views, g_num_views, path, &d, &file) == MMFS_PATH_FILE)
+        hook(d, file);
     pthread_rwlock_rdlock(&g_dyn_lock);
     int answered = read_locked(path, buf, size, offset, &rc, &d, &file, &failed);
     pthread_rwlock_unlock(&g_dyn_lock);

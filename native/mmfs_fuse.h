@@ -41,6 +41,12 @@ int mmfs_fuse_set_dynamic(const mmfs_view *views, int32_t n, int64_t *used);
 /* The clock of those stamps: its next value. */
 int64_t mmfs_fuse_tick(void);
 
+/* Told of the first read (at offset 0) of each file of views[view] (the mount's
+ * own views, not the dynamic ones) before it is served: the prefetcher of a
+ * mount whose data is remote. NULL (the default): nothing is told. */
+typedef void (*mmfs_read_hook)(int32_t view, int64_t file);
+void mmfs_fuse_set_read_hook(mmfs_read_hook hook);
+
 int mmfs_fuse_getattr(const char *path, void *st);
 int mmfs_fuse_fgetattr(const char *path, void *st, void *fi);
 int mmfs_fuse_read(const char *path, char *buf, size_t size, int64_t offset, void *fi);

@@ -8,6 +8,7 @@ goes into Megatron's cache description (and so into the cache file names).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -23,8 +24,12 @@ from mmfs.config.rampup import (
     train_iters_from_samples,
 )
 from mmfs.config.safe_yaml import read_yaml, show
+from mmfs.config.storage import parse_storage
 from mmfs.errors import ConfigError
 from mmfs.formats import dataset_problem, dataset_stem
+from mmfs.storage import scheme_of
+from mmfs.storage.settings import StorageSettings
+from mmfs.storage.settings import configure as configure_storage
 
 SPLITS = ("train", "valid", "test")
 
@@ -46,6 +51,7 @@ TOP_LEVEL_KEYS = {
     "tokenizer",
     "cache_dir",
     "training",
+    "storage",
 }
 DATASET_KEYS = {"path", "weight", "name"}
 INT64_MAX = 2**63 - 1  # Megatron holds sample counts and token ids in int64
@@ -96,6 +102,7 @@ class Config:
     training: TrainingConfig | None = None  # the optional `training:` block
     # The keys a split's sample count comes from, where not `samples.<split>`.
     sample_keys: dict[str, str] = field(default_factory=dict)
+    storage: StorageSettings = field(default_factory=StorageSettings)  # the `storage:` block
 
     def samples_key(self, split: str) -> str:
         """What to change to change the split's sample count."""
@@ -142,6 +149,7 @@ class Config:
             "tokenizer": {"eod": self.eod, "pad": self.pad, **self.tokenizer_identifiers},
             "cache_dir": self.cache_dir,
             "training": None if self.training is None else self.training.as_dict(),
+            "storage": dataclasses.asdict(self.storage),
         }
 
 
@@ -249,6 +257,14 @@ def _parse_data_words(words: list[str], checker: _Checker, key: str) -> list[dic
     return [{"path": p, "weight": w} for w, p in zip(weights, words[1::2])]
 
 
+def dataset_file(path: str, base_dir: str) -> str:
+    """Where a dataset path of the config points: a URL as written (its string is
+    what Megatron hashes), a relative path from the config's folder."""
+    if scheme_of(path) is not None or os.path.isabs(path):
+        return path
+    return os.path.normpath(os.path.join(base_dir, path))
+
+
 def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blend:
     if isinstance(value, str):
         value = _parse_data_path(value, checker, key)
@@ -265,7 +281,7 @@ def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blen
         if entry.get("path") is None:
             raise checker.fail(f"{where}.path", "missing: the dataset prefix or .pbin file")
         path = checker.path_text(entry.get("path"), f"{where}.path", "the dataset prefix or .pbin file")
-        file = path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
+        file = dataset_file(path, base_dir)
         problem = dataset_problem(file)
         if problem is not None:
             raise checker.fail(f"{where}.path", problem)
@@ -399,6 +415,8 @@ def load_config(path: str) -> Config:
         raise ConfigError(f"{path}: expected a YAML mapping of keys (datasets, split, ...)")
     checker.unknown_keys(raw, TOP_LEVEL_KEYS, "")
     base_dir = os.path.dirname(os.path.abspath(path))
+    storage = parse_storage(raw.get("storage"), checker, base_dir)
+    configure_storage(storage)  # before any dataset is looked at: some may be remote
 
     sources = [k for k in DATA_SOURCES if raw.get(k) is not None]
     if len(sources) != 1:
@@ -483,6 +501,7 @@ def load_config(path: str) -> Config:
         raw=raw,
         training=training,
         sample_keys=sample_keys,
+        storage=storage,
     )
 
 

@@ -13,7 +13,7 @@ from mmfs.formats import indexed, packed
 from mmfs.formats.base import SequenceDataset
 from mmfs.formats.indexed import IndexedDataset
 from mmfs.formats.packed import PackedDataset
-from mmfs.storage import StorageError, open_source
+from mmfs.storage import StorageError, StorageUnavailable, open_source
 
 __all__ = ["FORMATS", "IndexedDataset", "PackedDataset", "dataset_problem", "dataset_stem",
            "open_dataset"]
@@ -42,11 +42,15 @@ def _head(path: str) -> tuple[bytes, int] | None:
     """The first bytes and size of the file at `path`, or None when there is none."""
     try:
         source = open_source(path)
+    except StorageUnavailable:
+        raise
     except StorageError:
         return None
     head = bytearray(min(HEAD_BYTES, source.size))
     try:
         source.read_into(0, head)
+    except StorageUnavailable:
+        raise
     except (OSError, StorageError):
         return None
     return bytes(head), source.size
@@ -91,6 +95,8 @@ def dataset_problem(path: str) -> str | None:
 def _problem(path: str) -> str | None:
     try:
         open_source(path)
+    except StorageUnavailable:
+        raise
     except StorageError as exc:
         return str(exc).removeprefix(f"{path}: ")
     return None

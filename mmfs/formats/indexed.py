@@ -67,7 +67,7 @@ class IndexedDataset(SequenceDataset):
         self.idx_path = self.path_prefix + ".idx"
         self.bin_path = self.path_prefix + ".bin"
         try:
-            self.idx = open_source(self.idx_path)
+            self.idx = open_source(self.idx_path, whole=True)  # read often: a local copy
             self.bin = open_source(self.bin_path)
         except StorageError as exc:
             raise FormatError(

@@ -39,6 +39,7 @@ from mmfs.megatron.gpt import GptParams, build_gpt_indices, plan_epochs, predict
 from mmfs.megatron.headerfile import HEADERS_FROM, HeaderFile
 from mmfs.megatron.npyfile import CachedArray
 from mmfs.megatron.splits import normalize, split_matrix, split_range
+from mmfs.storage import scheme_of
 
 log = logging.getLogger(__name__)
 gpt_log = logging.getLogger(build_gpt_indices.__module__)
@@ -164,10 +165,22 @@ class _Descriptions:
         return text.replace(json.dumps(marker), nested, 1)
 
 
-def default_cache_dir(spec: DatasetSpec, class_name: str = "GPTDataset") -> str:
+def default_cache_dir(spec: DatasetSpec, config: Config, class_name: str = "GPTDataset") -> str:
     """Megatron's default: <dataset prefix>/cache/<Class>_indices. (Megatron does not
-    cache blends without a cache path; mmfs keeps them beside the first dataset's.)"""
-    return os.path.join(dataset_stem(spec.file), "cache", f"{class_name}_indices")
+    cache blends without a cache path; mmfs keeps them beside the first dataset's.)
+    A dataset in object storage has no folder to write beside: its indices go in the
+    per-user cache folder (storage.cache_dir), which is said once."""
+    if scheme_of(spec.file) is None:
+        return os.path.join(dataset_stem(spec.file), "cache", f"{class_name}_indices")
+    folder = os.path.join(config.storage.cache_folder, "indices")
+    if folder not in _said:
+        _said.add(folder)
+        log.info("the index cache of the datasets in object storage is in %s (set cache_dir to "
+                 "choose another folder)", folder)
+    return folder
+
+
+_said: set[str] = set()
 
 
 class _Task:
@@ -305,7 +318,7 @@ class Builder:
             config_split_matrix=None if c.split is None else split_matrix(c.split),
             tokenizer_identifiers=c.tokenizer_identifiers,
         )
-        cache = IndexCache(c.cache_dir or default_cache_dir(spec), self._descriptions.gpt(params),
+        cache = IndexCache(c.cache_dir or default_cache_dir(spec, c), self._descriptions.gpt(params),
                            "GPTDataset", split)
         label = f"{split}/{spec.name}"
 
@@ -361,7 +374,7 @@ class Builder:
         if size is not None:
             weights = normalize(weights)  # BlendedDataset normalises again, as Megatron does
         description = self._descriptions.blend(descriptions, split, weights, size)
-        folder = c.cache_dir or default_cache_dir(specs[0], "BlendedDataset")
+        folder = c.cache_dir or default_cache_dir(specs[0], c, "BlendedDataset")
         cache = IndexCache(folder, description, "BlendedDataset", split)
         expected = size if size is not None else sum(weights)
 

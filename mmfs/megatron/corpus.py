@@ -19,6 +19,7 @@ from mmfs.megatron.arrays import ArrayPlacer
 from mmfs.megatron.builder import Builder, SplitIndices
 from mmfs.megatron.npyfile import HeaderFileLied
 from mmfs.megatron.reader import SplitReader, TokenSource
+from mmfs.storage import scheme_of
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,11 @@ class Corpus:
         self._map_limit_mb = map_limit_mb
         self._by_file = by_file
         self.indices = splits
+
+    @property
+    def remote(self) -> bool:
+        """Whether some dataset is read from object storage (not a local file)."""
+        return any(scheme_of(d.path) is not None for d in self.datasets)
 
     @cached_property
     def placer(self) -> ArrayPlacer:

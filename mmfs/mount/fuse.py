@@ -37,6 +37,7 @@ import fuse as fusepy
 from mmfs.errors import MmfsError, MountError
 from mmfs.mount.latency import LatencyGuard
 from mmfs.mount.options import MountOptions
+from mmfs.mount.prefetch import Prefetcher
 from mmfs.mount.repeats import RepeatFilter
 from mmfs.mount.tree import DIR_MODE, FILE_MODE, LINK_MODE, Dir, Tree
 from mmfs.mount.views import read_failure
@@ -331,9 +332,18 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions | None = None) -> N
     if placer is not None:
         placer.load()  # in this process: copies of the small index arrays, no maps
     threads = options.threads
+    if threads is None:
+        threads = bool(getattr(tree.corpus, "remote", False))
     log.info("serving %s (%s loop)", mountpoint, "multithreaded" if threads else "single-thread")
     guard = LatencyGuard(enabled=options.low_latency)
+    prefetcher = None
+    if getattr(tree.corpus, "remote", False):
+        storage = tree.corpus.config.storage
+        prefetcher = Prefetcher(tree.registry, storage.prefetch, storage.max_requests)
+        prefetcher.start()
     try:
         Daemon(Operations(tree)).serve(mountpoint, ["-f"] + ([] if threads else ["-s"]), opts)
     finally:
         guard.close()
+        if prefetcher is not None:
+            prefetcher.stop()

@@ -19,13 +19,15 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 @dataclass(frozen=True)
 class MountOptions:
     """threads:      fusepy's multithreaded loop instead of the single thread
-                     (slower here; see docs/benchmarks.md)
+                     (slower for local data, see docs/benchmarks.md; None: only
+                     when a dataset is in object storage, where reads wait on the
+                     network and must not wait on each other)
     low_latency:     keep idle CPUs polling while requests flow (latency.py)
     map_limit_mb:    MB of index and token files the daemon keeps in memory
     nonempty:        mount over a non-empty folder (also passed to libfuse)
     fuse:            every other option, for libfuse: {name: value, or True}"""
 
-    threads: bool = False
+    threads: bool | None = None
     low_latency: bool = False
     map_limit_mb: int = DEFAULT_MAP_LIMIT_MB
     nonempty: bool = False
@@ -68,6 +70,7 @@ def parse_mount_options(text: str | None) -> MountOptions:
             raise MountError("mmfs mounts are read-only; drop `-o rw`")
         else:
             fuse[key] = value
-    return MountOptions(threads=own.get("threads", False), low_latency=own.get("low_latency", False),
+    threads = False if own.get("nothreads") else own.get("threads")
+    return MountOptions(threads=threads, low_latency=own.get("low_latency", False),
                         map_limit_mb=own.get("map_limit_mb", DEFAULT_MAP_LIMIT_MB),
                         nonempty=fuse.get("nonempty") is True, fuse=fuse)

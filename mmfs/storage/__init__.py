@@ -6,8 +6,8 @@ never open dataset files themselves. See `base.py` for the interface."""
 
 from __future__ import annotations
 
-from mmfs.storage import memory  # noqa: F401 - registers mem:// (the in-memory test double)
-from mmfs.storage.base import Source, StorageError, opener_for, scheme_of
+from mmfs.storage import memory, s3  # noqa: F401 - register mem:// (the test double) and s3://
+from mmfs.storage.base import Source, StorageError, StorageUnavailable, opener_for, scheme_of  # noqa: F401
 from mmfs.storage.file import FileSource
 
 

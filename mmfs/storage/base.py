@@ -18,6 +18,11 @@ class StorageError(MmfsError):
     """A source cannot be opened or read (missing, unreadable, changed, unreachable)."""
 
 
+class StorageUnavailable(StorageError):
+    """Not "nothing there": the store cannot answer (unreachable, access denied, no
+    such bucket, a client missing). Never taken for a missing file."""
+
+
 @runtime_checkable
 class Source(Protocol):
     url: str  # the path or URL as the user wrote it (names the source in every message)

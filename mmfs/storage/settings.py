@@ -1,0 +1,47 @@
+"""How remote sources are reached and cached: the config's `storage:` block, as the
+process uses it. One process serves one config, so the settings are set once
+(`configure`, by the config loader) and read by every remote backend."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+
+def default_cache_dir() -> str:
+    """The per-user cache folder: $XDG_CACHE_HOME/mmfs, else ~/.cache/mmfs."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "mmfs")
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    endpoint_url: str | None = None  # an S3-compatible store (path-style addressing)
+    region: str | None = None
+    anonymous: bool = False  # unsigned requests (public buckets)
+    cache_dir: str | None = None  # None: default_cache_dir()
+    cache_limit: int = 10 << 30  # bytes of cached byte ranges on disk
+    prefetch: int = 64 << 20  # bytes fetched ahead of the reader
+    max_requests: int = 16  # in flight at once
+    request_timeout: float = 30.0  # seconds, per request
+    retries: int = 5  # per request, with backoff and jitter
+
+    @property
+    def cache_folder(self) -> str:
+        return self.cache_dir or default_cache_dir()
+
+
+_current = StorageSettings()
+
+
+def configure(settings: StorageSettings) -> None:
+    global _current
+    _current = settings
+
+
+def current() -> StorageSettings:
+    return _current
+
+
+def with_changes(**changes) -> StorageSettings:
+    return replace(_current, **changes)
