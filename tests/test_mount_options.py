@@ -16,7 +16,8 @@ def test_options_are_typed_and_the_rest_go_to_libfuse():
     o = parse_mount_options(" threads , low_latency=0,map_limit_mb=12,allow_other,nonempty,max_read=4096")
     assert (o.threads, o.low_latency, o.map_limit_mb, o.nonempty) == (True, False, 12, True)
     assert o.fuse == {"allow_other": True, "nonempty": True, "max_read": "4096"}
-    assert parse_mount_options("foreground,nothreads") == MountOptions()
+    assert parse_mount_options("foreground,nothreads") == MountOptions(threads=False)
+    assert MountOptions().threads is None  # decided by the corpus: threads when remote
     assert parse_mount_options(None).map_limit_mb == DEFAULT_MAP_LIMIT_MB
 
 
