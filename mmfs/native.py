@@ -45,7 +45,9 @@ def error_detail(rc: int) -> str:
     what = _MESSAGES.get(rc, f"error {rc}")
     if e.code != rc:
         return what
-    if rc == lib.MMFS_E_IO and e.fd >= 0:
+    if rc == lib.MMFS_E_IO and e.fd < 0:  # a fetched source: its error is logged already
+        return f"bytes at {e.byte} of a fetched source could not be read (the line before says why)"
+    if rc == lib.MMFS_E_IO:
         why = os.strerror(e.value) if e.value else "it ends before that byte"
         return (f"reading {_file_of(e.fd)} at byte {e.byte} failed ({why}); the file changed "
                 "since the mount? re-run `mmfs mount` (the data must not change while mounted)")

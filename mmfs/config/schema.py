@@ -27,7 +27,7 @@ from mmfs.config.safe_yaml import read_yaml, show
 from mmfs.config.storage import parse_storage
 from mmfs.errors import ConfigError
 from mmfs.formats import dataset_problem, dataset_stem
-from mmfs.storage import scheme_of
+from mmfs.storage import StorageUnavailable, scheme_of
 from mmfs.storage.settings import StorageSettings
 from mmfs.storage.settings import configure as configure_storage
 
@@ -282,7 +282,10 @@ def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blen
             raise checker.fail(f"{where}.path", "missing: the dataset prefix or .pbin file")
         path = checker.path_text(entry.get("path"), f"{where}.path", "the dataset prefix or .pbin file")
         file = dataset_file(path, base_dir)
-        problem = dataset_problem(file)
+        try:
+            problem = dataset_problem(file)
+        except StorageUnavailable as exc:
+            raise checker.fail(f"{where}.path", str(exc)) from None
         if problem is not None:
             raise checker.fail(f"{where}.path", problem)
         weight = entry.get("weight")

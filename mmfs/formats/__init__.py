@@ -13,7 +13,7 @@ from mmfs.formats import indexed, packed
 from mmfs.formats.base import SequenceDataset
 from mmfs.formats.indexed import IndexedDataset
 from mmfs.formats.packed import PackedDataset
-from mmfs.storage import StorageError, StorageUnavailable, open_source
+from mmfs.storage import NotThere, StorageError, StorageUnavailable, open_source
 
 __all__ = ["FORMATS", "IndexedDataset", "PackedDataset", "dataset_problem", "dataset_stem",
            "open_dataset"]
@@ -83,23 +83,25 @@ def dataset_problem(path: str) -> str | None:
         return None
     fmt = _hinted(path)
     if fmt.name == "modalities-packed":
-        problem = _problem(path)
-        return None if problem is None else f"{path} {problem}"
+        failure = _failure(path)
+        return None if failure is None else f"{path} {str(failure).removeprefix(f'{path}: ')}"
     prefix = indexed.prefix_of(path)
-    problems = {p: _problem(p) for p in (prefix + ".bin", prefix + ".idx")}
-    if all(v == "file not found" for v in problems.values()):
+    problems = {p: _failure(p) for p in (prefix + ".bin", prefix + ".idx")}
+    if all(isinstance(v, NotThere) for v in problems.values()):
         return f"no dataset at {path} (expected {path}.bin and {path}.idx, or a .pbin file)"
-    return next((f"{p}: {v}" for p, v in problems.items() if v is not None), None)
+    return next((str(v) for v in problems.values() if v is not None), None)
 
 
-def _problem(path: str) -> str | None:
+def _failure(path: str) -> StorageError | None:
+    """Why the source at `path` cannot be opened (None: it can)."""
     try:
         open_source(path)
     except StorageUnavailable:
         raise
     except StorageError as exc:
-        return str(exc).removeprefix(f"{path}: ")
+        return exc
     return None
+
 
 
 def open_dataset(path: str | os.PathLike) -> SequenceDataset:

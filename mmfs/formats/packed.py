@@ -13,7 +13,8 @@ int64/int32 arrays, checking each entry (no Python object per document); a
 pickle it does not know goes to an Unpickler that refuses every class or
 function lookup, so only lists, tuples and numbers come out of it. The parsed
 index of a large file is kept in <prefix>/cache/PackedDataset_index/, named by
-the file's size and mtime, so a later open maps it in O(1).
+the file's size and mtime, so a later open maps it in O(1); the index of a .pbin
+in object storage is kept in the storage cache folder, named by URL and ETag.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from mmfs.errors import FormatError
 from mmfs.formats.base import ArraySpec, SequenceDataset
 from mmfs.formats.dtypes import native_code
 from mmfs.native import ffi, lib
-from mmfs.storage import StorageError, open_source
+from mmfs.storage import StorageError, copy_path, open_source
 from mmfs.storage.file import FileSource
 from mmfs.storage.memory import MemorySource
 
@@ -120,11 +121,11 @@ class PackedDataset(SequenceDataset):
         self.data_section = (HEADER_SIZE, end)
         self.dtype = TOKEN_DTYPES[token_size]
         self.dtype_code = native_code(self.dtype)
-        local = isinstance(self.source, FileSource)
-        cached = self._load_cached_index() if local else None
+        cacheable = not isinstance(self.source, MemorySource)
+        cached = self._load_cached_index() if cacheable else None
         if cached is None:
             pointers, lengths = self._read_index(end, token_size)
-            if local:
+            if cacheable:
                 self._save_cached_index(pointers, lengths)
         else:
             pointers, lengths = cached
@@ -155,10 +156,17 @@ class PackedDataset(SequenceDataset):
         return os.path.join(self.bin_path[: -len(".pbin")] if self.bin_path.endswith(".pbin")
                             else self.bin_path, "cache", "PackedDataset_index")
 
+    @property
+    def _remote(self) -> bool:
+        return not isinstance(self.source, FileSource)
+
     def _cache_paths(self) -> tuple[str, str]:
-        size, mtime_ns, _ = self.source.identity
-        base = os.path.join(self.index_cache_dir, f"{os.path.basename(self.bin_path)}-"
-                                                  f"{size}-{mtime_ns}")
+        if self._remote:  # fetching it is what the cache saves: keyed by URL and ETag
+            base = copy_path(self.source.url, self.source.identity)
+        else:
+            size, mtime_ns, _ = self.source.identity
+            base = os.path.join(self.index_cache_dir, f"{os.path.basename(self.bin_path)}-"
+                                                      f"{size}-{mtime_ns}")
         return base + "-pointers.npy", base + "-lengths.npy"
 
     def _load_cached_index(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -179,13 +187,13 @@ class PackedDataset(SequenceDataset):
 
     def _save_cached_index(self, pointers: np.ndarray, lengths: np.ndarray) -> None:
         """Best effort: a folder that cannot take it only costs the next open a parse."""
-        if pointers.size < CACHE_FROM:
+        if pointers.size < CACHE_FROM and not self._remote:
             return
-        folder = self.index_cache_dir
+        folder = os.path.dirname(self._cache_paths()[0])
         try:
             os.makedirs(folder, exist_ok=True)
             stem = os.path.basename(self.bin_path) + "-"
-            for name in os.listdir(folder):  # an older version's index
+            for name in os.listdir(folder) if not self._remote else ():  # an older version's index
                 if name.startswith(stem) and name.endswith(".npy"):
                     os.unlink(os.path.join(folder, name))
             for path, array in zip(self._cache_paths(), (pointers, lengths)):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import numpy as np
 
@@ -17,6 +16,7 @@ from mmfs.errors import FormatError
 from mmfs.formats import open_dataset
 from mmfs.formats.chunks import iter_array, iter_document_lengths
 from mmfs.formats.verify import check_document_indices
+from mmfs.storage import open_source
 
 _DENSE_LIMIT = 1 << 20  # values below this are tallied with bincount, above with unique
 
@@ -112,7 +112,7 @@ def describe(path: str) -> dict:
         "num_documents": ds.num_documents,
         "num_tokens": seq.total,
         "multimodal": bool(ds.multimodal),
-        "files": [{"path": f, "bytes": os.path.getsize(f)} for f in files],
+        "files": [{"path": f, "bytes": open_source(f).size} for f in files],
         "sequence_lengths": seq.stats(),
         "document_lengths": doc.stats(),
     }

@@ -18,6 +18,10 @@ class StorageError(MmfsError):
     """A source cannot be opened or read (missing, unreadable, changed, unreachable)."""
 
 
+class NotThere(StorageError):
+    """Nothing at the path: no such file, no such object."""
+
+
 class StorageUnavailable(StorageError):
     """Not "nothing there": the store cannot answer (unreachable, access denied, no
     such bucket, a client missing). Never taken for a missing file."""

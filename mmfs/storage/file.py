@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from mmfs.storage.base import StorageError
+from mmfs.storage.base import NotThere, StorageError
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
@@ -41,7 +41,7 @@ class FileSource:
     def __init__(self, path: str) -> None:
         problem = file_problem(path)
         if problem is not None:
-            raise StorageError(f"{path}: {problem}")
+            raise (NotThere if problem == "file not found" else StorageError)(f"{path}: {problem}")
         st = os.stat(path)
         self.url = self.path = path
         self.size = st.st_size

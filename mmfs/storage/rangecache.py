@@ -5,8 +5,10 @@ own offsets; which ranges are there is known in memory (this process's own cache
 folder, so no other process needs to agree on it). A read takes what is cached
 and fetches exactly the rest: the gaps, never a byte more, split at
 `max_request` bytes. The least recently used ranges are dropped (their bytes
-punched out of the file) when the total passes the limit. What stays in memory
-is the list of ranges, not their bytes: the kernel's page cache holds those.
+punched out of the file) when the total passes the limit. The disk holds whole
+pages, so a range counts as the pages it touches, and dropping it frees every
+page no other cached range shares. What stays in memory is the list of ranges,
+not their bytes: the kernel's page cache holds those.
 
 A read that needs a range another thread is fetching waits for that fetch
 instead of fetching it again; reads of cached bytes never wait for a fetch
@@ -33,6 +35,7 @@ _PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 
+PAGE = 4096  # the file system's block: what the disk holds for a byte
 MAX_REQUEST = 8 << 20  # bytes in one request: a long gap is fetched in pieces
 WAIT_SECONDS = 600  # for another thread's fetch (its own timeouts end it sooner)
 
@@ -40,7 +43,12 @@ Fetch = Callable[[int, memoryview], None]  # (offset, buffer): fill it whole or 
 
 
 def punch_hole(fd: int, offset: int, length: int) -> bool:
-    return _libc.fallocate(fd, _PUNCH_HOLE, offset, length) == 0
+    return length <= 0 or _libc.fallocate(fd, _PUNCH_HOLE, offset, length) == 0
+
+
+def disk_bytes(lo: int, hi: int) -> int:
+    """The bytes of the pages that [lo, hi) touches."""
+    return (-(-hi // PAGE) - lo // PAGE) * PAGE
 
 
 class _Object:
@@ -79,13 +87,20 @@ class _Object:
         self.starts.insert(i, lo)
         self.ends.insert(i, hi)
 
-    def remove(self, lo: int) -> int:
+    def remove(self, lo: int) -> tuple[int, int]:
+        """Forget the range that starts at `lo`; the part of the file to free: its
+        pages, less a page at either end that a neighbouring range still uses."""
         i = bisect.bisect_left(self.starts, lo)
         if i == len(self.starts) or self.starts[i] != lo:
-            return 0
+            return 0, 0
         hi = self.ends.pop(i)
         self.starts.pop(i)
-        return hi - lo
+        free_lo, free_hi = lo // PAGE * PAGE, -(-hi // PAGE) * PAGE
+        if i > 0 and self.ends[i - 1] > free_lo:
+            free_lo += PAGE
+        if i < len(self.starts) and self.starts[i] < free_hi:
+            free_hi -= PAGE
+        return free_lo, free_hi
 
 
 class RangeCache:
@@ -98,8 +113,8 @@ class RangeCache:
         os.makedirs(folder, exist_ok=True)
         self._lock = threading.Lock()
         self._objects: dict[str, _Object] = {}
-        self._lru: OrderedDict[tuple[str, int], int] = OrderedDict()  # (key, start) -> length
-        self.cached_bytes = 0
+        self._lru: OrderedDict[tuple[str, int], int] = OrderedDict()  # (key, start) -> disk bytes
+        self.cached_bytes = 0  # on disk, counted in pages (a page two ranges share, twice)
         self.fetched_bytes = 0
         self.requests = 0
         self._punch_warned = False
@@ -174,15 +189,16 @@ class RangeCache:
 
     def _keep(self, key: str, obj: _Object, a: int, b: int) -> None:
         obj.add(a, b)
-        self._lru[(key, a)] = b - a
-        self.cached_bytes += b - a
+        self._lru[(key, a)] = disk_bytes(a, b)
+        self.cached_bytes += disk_bytes(a, b)
         self.fetched_bytes += b - a
         self.requests += 1
         while self.cached_bytes > self.limit and self._lru:
-            (old_key, start), length = self._lru.popitem(last=False)
+            (old_key, start), cost = self._lru.popitem(last=False)
             old = self._objects[old_key]
-            self.cached_bytes -= old.remove(start)
-            if not punch_hole(old.fd, start, length) and not self._punch_warned:
+            self.cached_bytes -= cost
+            free_lo, free_hi = old.remove(start)
+            if not punch_hole(old.fd, free_lo, free_hi - free_lo) and not self._punch_warned:
                 self._punch_warned = True
                 log.warning("%s: the file system cannot free dropped ranges (fallocate: %s); "
                             "the cache folder may grow past cache_limit", self.folder,

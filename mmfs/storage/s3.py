@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
 import logging
 import os
 import random
@@ -30,10 +29,10 @@ import threading
 import time
 from typing import Any
 
-from mmfs.storage.base import StorageError, StorageUnavailable, register_scheme
+from mmfs.storage.base import NotThere, StorageError, StorageUnavailable, register_scheme
 from mmfs.storage.file import FileSource
 from mmfs.storage.rangecache import RangeCache
-from mmfs.storage.settings import StorageSettings, current
+from mmfs.storage.settings import StorageSettings, copy_path, current
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +74,13 @@ def client(settings: StorageSettings) -> Any:
 
 def _make_client(settings: StorageSettings) -> Any:
     boto3, botocore = _boto3()
-    logging.getLogger("botocore.credentials").setLevel(logging.WARNING)  # "Found credentials in ..."
+    logging.getLogger("botocore").setLevel(logging.WARNING)  # "Found credentials in ...", endpoints
     options: dict[str, Any] = {
         "connect_timeout": settings.request_timeout, "read_timeout": settings.request_timeout,
         "retries": {"mode": "standard", "max_attempts": settings.retries + 1},
         "max_pool_connections": settings.max_requests + 4,  # the readers' own, beside the prefetch
     }
-    if settings.endpoint_url:
+    if settings.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
         options["s3"] = {"addressing_style": "path"}  # as S3-compatible stores want
     if settings.anonymous:
         options["signature_version"] = botocore.UNSIGNED
@@ -120,6 +119,7 @@ class S3Object:
         meta = self._head()
         self.size = int(meta["ContentLength"])
         self.etag = meta.get("ETag") or ""
+        self.identity = (self.size, self.etag)
         self.requests = 0
         self.retried = 0
 
@@ -138,10 +138,10 @@ class S3Object:
             if _code(exc) in ("404", "NoSuchBucket", "NotFound"):
                 where = self.settings.endpoint_url or "AWS S3"
                 raise StorageUnavailable(f"{self.url}: no bucket {self.bucket} at {where}; check "
-                                         "the URL (and storage.endpoint_url)") from None
+                                         "the URL (and storage.endpoint_url or AWS_ENDPOINT_URL)") from None
         except botocore.exceptions.BotoCoreError:
             pass
-        raise StorageError(f"{self.url}: no such object in bucket {self.bucket}")
+        raise NotThere(f"{self.url}: no such object in bucket {self.bucket}")
 
     def fetch(self, offset: int, buffer: memoryview) -> None:
         """Fill `buffer` with the bytes at `offset`: a conditional ranged GET, again
@@ -188,7 +188,7 @@ def _unavailable(url: str, exc: BaseException) -> StorageUnavailable:
                                   "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or "
                                   "storage.anonymous for a public bucket")
     return StorageUnavailable(f"{url}: cannot reach the object store ({_short(exc)}); check "
-                              "storage.endpoint_url and the network")
+                              "storage.endpoint_url (or AWS_ENDPOINT_URL) and the network")
 
 
 _RANGES: dict[str, RangeCache] = {}
@@ -234,7 +234,7 @@ class S3Source:
         self.object = obj
         self.url = obj.url
         self.size = obj.size
-        self.identity = (obj.size, obj.etag)
+        self.identity = obj.identity
         self._key = f"{obj.url}\0{obj.etag}"
 
     def read_into(self, offset: int, buffer) -> int:
@@ -256,15 +256,14 @@ class LocalCopy(FileSource):
     def __init__(self, path: str, obj: S3Object) -> None:
         super().__init__(path)
         self.url = obj.url
-        self.identity = (obj.size, obj.etag)
+        self.identity = obj.identity
 
 
 def local_copy(obj: S3Object) -> LocalCopy:
     """The object as a file in `<cache>/objects/`, downloaded once per URL and ETag
     (written under a temporary name, then renamed: processes may share the folder)."""
-    folder = os.path.join(obj.settings.cache_folder, "objects")
-    tag = hashlib.sha256(f"{obj.url}\0{obj.etag}".encode()).hexdigest()[:32]
-    path = os.path.join(folder, f"{tag}-{os.path.basename(obj.key)}")
+    path = copy_path(obj.url, obj.identity)
+    folder = os.path.dirname(path)
     with contextlib.suppress(OSError):
         if os.path.getsize(path) == obj.size:
             return LocalCopy(path, obj)

@@ -4,8 +4,10 @@ process uses it. One process serves one config, so the settings are set once
 
 from __future__ import annotations
 
+import hashlib
 import os
-from dataclasses import dataclass, replace
+import posixpath
+from dataclasses import dataclass
 
 
 def default_cache_dir() -> str:
@@ -34,6 +36,14 @@ class StorageSettings:
 _current = StorageSettings()
 
 
+def copy_path(url: str, identity: tuple) -> str:
+    """Where a local copy of a remote object (or what is derived from it) is kept:
+    the cache folder's objects/, named by URL and identity (a changed object is a
+    new name; processes may share the folder)."""
+    tag = hashlib.sha256(f"{url}\0{identity!r}".encode()).hexdigest()[:32]
+    return os.path.join(current().cache_folder, "objects", f"{tag}-{posixpath.basename(url)}")
+
+
 def configure(settings: StorageSettings) -> None:
     global _current
     _current = settings
@@ -42,6 +52,3 @@ def configure(settings: StorageSettings) -> None:
 def current() -> StorageSettings:
     return _current
 
-
-def with_changes(**changes) -> StorageSettings:
-    return replace(_current, **changes)

@@ -1,0 +1,193 @@
+"""A real S3-protocol server for the object-storage tests (moto's server mode, in
+its own process on 127.0.0.1), and a proxy between mmfs and it that injects
+faults: delays, 5xx answers, cut connections, truncated bodies, an endpoint
+that is down."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "mmfs-test", "AWS_SECRET_ACCESS_KEY": "mmfs-test-secret",
+               "AWS_REGION": "us-east-1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MotoServer:
+    """moto's S3 server on 127.0.0.1 (objects in its memory)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            time.sleep(0.05)
+        else:
+            self.stop()
+            raise RuntimeError("moto's server did not start")
+        import boto3
+
+        self.client = boto3.session.Session(
+            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name=CREDENTIALS["AWS_REGION"]).client("s3", endpoint_url=self.url)
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        with contextlib.suppress(self.client.exceptions.BucketAlreadyOwnedByYou):
+            self.client.create_bucket(Bucket=bucket)
+        self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+class FaultProxy:
+    """An HTTP proxy on 127.0.0.1 in front of `target`. Set a fault and how many
+    requests it hits (GETs of object bytes only, unless `every` is set; with
+    `period` n, every n-th of those):
+    fault = "503" | "500" | "cut" | "truncate" | "deny" | None; `down` refuses
+    every connection; `delay` (seconds) before each request."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.fault: str | None = None
+        self.remaining = 0
+        self.every = False
+        self.period = 1
+        self._matching = 0
+        self.down = False
+        self.delay = 0.0
+        self.requests = 0
+        self.ranged_gets = 0
+        self.injected = 0
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def handle(self) -> None:
+                if proxy.down:
+                    self.connection.close()
+                    return
+                super().handle()
+
+            def _any(self) -> None:
+                proxy._serve(self)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _any
+
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address) -> None:
+                pass  # a client that hung up (a daemon unmounted mid-request)
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def inject(self, fault: str | None, count: int = 1, every: bool = False, period: int = 1) -> None:
+        with self._lock:
+            self.fault, self.remaining, self.every, self.period = fault, count, every, period
+            self._matching = 0
+
+    def _take_fault(self, ranged: bool) -> str | None:
+        with self._lock:
+            self.requests += 1
+            self.ranged_gets += ranged
+            if self.fault and self.remaining > 0 and (ranged or self.every):
+                self._matching += 1
+                if self._matching % self.period:
+                    return None
+                self.remaining -= 1
+                self.injected += 1
+                return self.fault
+            return None
+
+    def _serve(self, h: BaseHTTPRequestHandler) -> None:
+        if self.delay:
+            time.sleep(self.delay)
+        length = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(length) if length else b""
+        fault = self._take_fault(h.command == "GET" and "Range" in h.headers)
+        if fault == "cut" or self.down:
+            h.close_connection = True
+            with contextlib.suppress(OSError):
+                h.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if fault in ("503", "500", "deny"):
+            status, code = {"503": (503, "SlowDown"), "500": (500, "InternalError"),
+                            "deny": (403, "AccessDenied")}[fault]
+            payload = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code>"
+                       f"<Message>injected</Message></Error>").encode()
+            h.send_response(status)
+            h.send_header("Content-Type", "application/xml")
+            h.send_header("Content-Length", str(len(payload)))
+            h.end_headers()
+            if h.command != "HEAD":
+                h.wfile.write(payload)
+            return
+        conn = http.client.HTTPConnection("127.0.0.1", self.target_port, timeout=60)
+        try:
+            conn.request(h.command, h.path, body=body, headers=dict(h.headers.items()))
+            answer = conn.getresponse()
+            data = answer.read()
+        except OSError:
+            h.close_connection = True
+            return
+        finally:
+            conn.close()
+        h.send_response(answer.status)
+        for k, v in answer.getheaders():
+            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                h.send_header(k, v)
+        # a HEAD answer's length is the object's, with no body
+        h.send_header("Content-Length", answer.getheader("Content-Length", "0") if h.command == "HEAD"
+                      else str(len(data)))
+        h.end_headers()
+        if h.command == "HEAD":
+            return
+        if fault == "truncate" and len(data) > 1:
+            h.wfile.write(data[: len(data) // 2])
+            h.wfile.flush()
+            h.close_connection = True
+            with contextlib.suppress(OSError):
+                h.connection.shutdown(socket.SHUT_RDWR)
+            return
+        h.wfile.write(data)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def environment(extra: dict | None = None) -> dict:
+    """The environment of an mmfs process talking to the test server."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(CREDENTIALS)
+    env["AWS_CONFIG_FILE"] = env["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
+    env.update(extra or {})
+    return env

@@ -1,0 +1,358 @@
+"""Datasets in object storage: the golden cases mounted from a real S3-protocol
+server (moto, on 127.0.0.1) are the local mount's bytes, through a proxy that
+injects faults; the index cache keeps Megatron's names for the s3:// prefix;
+a bad URL, bucket or credential is one line; the range cache stays under its
+limit."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+pytest.importorskip("boto3")
+pytest.importorskip("moto")
+
+from s3_server import CREDENTIALS, FaultProxy, MotoServer  # noqa: E402
+
+from golden_cases import GOLDEN, PUBLIC, case_config, case_names, load_case  # noqa: E402
+from mount_fixtures import mmfs, mounted  # noqa: E402
+
+BUCKET = "golden"
+DATA = sorted({p.with_suffix("").name for p in (GOLDEN / "data").glob("*.idx")})
+
+
+@pytest.fixture(scope="module")
+def server():
+    moto = MotoServer()
+    for name in DATA:
+        for ext in (".bin", ".idx"):
+            moto.put(BUCKET, f"data/{name}{ext}", (GOLDEN / "data" / f"{name}{ext}").read_bytes())
+    yield moto
+    moto.stop()
+
+
+@pytest.fixture
+def proxy(server, monkeypatch):
+    for k, v in CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    p = FaultProxy(server.port)
+    yield p
+    p.close()
+
+
+def remote(prefix: str) -> str:
+    return f"s3://{BUCKET}/{prefix}"
+
+
+def write_configs(case: str, folder: Path, endpoint: str, **storage) -> tuple[Path, Path]:
+    """(local config, the same with every dataset in the bucket)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "data").symlink_to(GOLDEN / "data", target_is_directory=True)
+    local = case_config(load_case(case))
+    local["training"] = {"data_parallel_size": 3, "micro_batch_size": 2}
+    (folder / "local.yaml").write_text(yaml.safe_dump(local, sort_keys=False))
+    text = yaml.safe_dump(local, sort_keys=False)
+    text = re.sub(r"path: (data/\w+)", lambda m: f"path: {remote(m.group(1))}", text)
+    cfg = yaml.safe_load(text)
+    cfg["cache_dir"] = "remote-cache"
+    cfg["storage"] = {"endpoint_url": endpoint, "cache_dir": str(folder / "storage"), **storage}
+    (folder / "s3.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return folder / "local.yaml", folder / "s3.yaml"
+
+
+def files_of(root: Path, stride: int) -> list[str]:
+    """Every stride-th file of every view folder, and every other file."""
+    out = []
+    for folder, _, names in sorted(os.walk(root)):
+        names = sorted(names)
+        step = stride if len(names) > 3 * stride else 1
+        out += [os.path.relpath(os.path.join(folder, n), root) for n in names[::step]]
+    return out
+
+
+def xattrs(path: Path) -> dict:
+    return {n: os.getxattr(path, n) for n in sorted(os.listxattr(path))}
+
+
+def assert_same_mount(local: Path, bucket: Path, stride: int = 7) -> int:
+    names = files_of(local, stride)
+    assert names == [n for n in files_of(bucket, stride)]
+    for name in names:
+        if name == "mmfs.json":
+            continue
+        a, b = local / name, bucket / name
+        assert a.read_bytes() == b.read_bytes(), name
+        if not a.is_symlink():
+            assert xattrs(a) == xattrs(b), name
+    return len(names)
+
+
+def manifest_without_paths(path: Path) -> dict:
+    text = path.read_text()
+    text = re.sub(r"s3://golden/(data/\w+)", r"\1", text)
+    data = json.loads(text)
+    data.pop("config", None)
+    data.pop("config_path", None)
+    for split in data.get("splits", {}).values():
+        for g in split.get("gpt_datasets", []):
+            g.pop("cache", None)
+        split.get("blend", {}).pop("cache", None)
+    return data
+
+
+@pytest.mark.parametrize("case", case_names())
+def test_the_golden_cases_from_a_bucket_are_the_local_mount(tmp_path, proxy, case):
+    local, s3 = write_configs(case, tmp_path, proxy.url)
+    with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
+        assert assert_same_mount(a.path, b.path) > 50
+        assert manifest_without_paths(a.path / "mmfs.json") == manifest_without_paths(b.path / "mmfs.json")
+    assert proxy.ranged_gets > 0
+    # Megatron's cache names for the s3:// prefix: its description with that path, hashed
+    for described in (PUBLIC / case / "cache").glob("*-description.txt"):
+        text = re.sub(r'"dataset_path": "(data/\w+)"', lambda m: f'"dataset_path": "{remote(m.group(1))}"',
+                      described.read_text())
+        kind = described.name.split("-", 1)[1]
+        name = f"{hashlib.md5(text.encode()).hexdigest()}-{kind}"
+        assert (tmp_path / "remote-cache" / name).read_text() == text
+
+
+def test_a_blend_of_local_and_remote_datasets(tmp_path, proxy):
+    local, s3 = write_configs("p2_blend2_u16", tmp_path, proxy.url)
+    cfg = yaml.safe_load(s3.read_text())
+    cfg["datasets"][0]["path"] = "data/" + cfg["datasets"][0]["path"].rsplit("/", 1)[1]  # local again
+    s3.write_text(yaml.safe_dump(cfg))
+    with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "mixed") as b:
+        assert assert_same_mount(a.path / "train", b.path / "train", stride=3) > 50
+
+
+@pytest.mark.parametrize("fault", ["503", "500", "cut", "truncate"])
+def test_faults_are_retried_and_the_bytes_stay_exact(tmp_path, proxy, fault):
+    local, s3 = write_configs("p1_single_u16", tmp_path, proxy.url, prefetch=0)
+    with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
+        proxy.inject(fault, count=6, period=2)  # several ranges, each failing once or more
+        assert assert_same_mount(a.path / "train", b.path / "train", stride=23) > 30
+        assert proxy.injected == 6
+        assert "ERROR" not in b.log.read_text()
+
+
+def test_an_endpoint_that_goes_away_gives_eio_and_comes_back(tmp_path, proxy):
+    local, s3 = write_configs("p1_single_u16", tmp_path, proxy.url, prefetch=0, retries=1,
+                              request_timeout=2)
+    with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
+        first = sorted(os.listdir(b.path / "train" / "samples"))
+        proxy.down = True
+        with pytest.raises(OSError) as err:
+            (b.path / "train" / "samples" / first[5]).read_bytes()
+        assert err.value.errno == 5  # EIO
+        assert "s3://golden/data/u16_docs.bin: bytes" in b.log.read_text()
+        proxy.down = False
+        for name in first[:20]:  # the daemon lived, and reads again
+            assert (b.path / "train/samples" / name).read_bytes() == (a.path / "train/samples" / name).read_bytes()
+
+
+def test_an_object_replaced_under_the_mount_gives_eio_never_mixed_bytes(tmp_path, server, proxy):
+    key = "replaced/u16_docs"
+    for ext in (".bin", ".idx"):
+        server.put(BUCKET, key + ext, (GOLDEN / "data" / f"u16_docs{ext}").read_bytes())
+    folder = tmp_path
+    (folder / "data").symlink_to(GOLDEN / "data", target_is_directory=True)
+    base = {"split": "969,30,1", "samples": {"train": 300, "valid": 10, "test": 2},
+            "sequence_length": 64, "tokenizer": {"eod": 50256, "pad": None}}
+    (folder / "local.yaml").write_text(yaml.safe_dump({**base, "datasets": [{"path": "data/u16_docs"}],
+                                                       "cache_dir": "c1"}))
+    (folder / "s3.yaml").write_text(yaml.safe_dump({
+        **base, "datasets": [{"path": remote(key)}], "cache_dir": "c2",
+        "storage": {"endpoint_url": proxy.url, "cache_dir": str(folder / "storage"), "prefetch": 0}}))
+    with mounted(folder / "local.yaml", folder / "l") as a, mounted(folder / "s3.yaml", folder / "r") as b:
+        names = sorted(os.listdir(a.path / "train/samples"))
+        for name in names[:10]:
+            assert (b.path / "train/samples" / name).read_bytes() == (a.path / "train/samples" / name).read_bytes()
+        data = bytearray((GOLDEN / "data/u16_docs.bin").read_bytes())
+        data[:] = bytes(len(data))  # same size, other bytes
+        server.put(BUCKET, key + ".bin", bytes(data))
+        wrong = 0
+        for name in names[10:60]:
+            try:
+                got = (b.path / "train/samples" / name).read_bytes()
+            except OSError as exc:
+                assert exc.errno == 5
+                continue
+            wrong += got != (a.path / "train/samples" / name).read_bytes()
+        assert wrong == 0  # cached ranges are the old object's own bytes; never a mix
+        assert "the object changed since it was opened" in b.log.read_text()
+
+
+def one_line_error(proc, *fragments: str) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    assert CREDENTIALS["AWS_SECRET_ACCESS_KEY"] not in proc.stderr
+    return lines[0]
+
+
+def _config(tmp_path, path: str, endpoint: str) -> Path:
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({
+        "datasets": [{"path": path}], "sequence_length": 64, "tokenizer": {"eod": 50256},
+        "storage": {"endpoint_url": endpoint, "cache_dir": str(tmp_path / "storage"), "retries": 1,
+                    "request_timeout": 2}}))
+    return config
+
+
+def test_a_missing_object_bucket_or_access_is_one_line_and_no_mount(tmp_path, proxy, monkeypatch):
+    cases = [
+        (remote("data/nothing"), "s3://golden/data/nothing", "no dataset"),
+        ("s3://no-such-bucket/data/u16_docs", "no bucket no-such-bucket", "endpoint"),
+    ]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # for `mmfs info`, which has no config
+    (tmp_path / "m").mkdir()
+    for path, *fragments in cases:
+        config = _config(tmp_path, path, proxy.url)
+        for command in (["build", config], ["info", path], ["mount", config, tmp_path / "m"]):
+            named = ["datasets[0].path: "] if command[0] != "info" else []
+            one_line_error(mmfs(*command, timeout=60), *fragments, *named)
+        assert not os.path.ismount(tmp_path / "m")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    config = _config(tmp_path, remote("data/u16_docs"), proxy.url)
+    proxy.inject("deny", count=1000, every=True)
+    one_line_error(mmfs("build", config, timeout=60), "access denied", "AWS_ACCESS_KEY_ID")
+    proxy.inject(None)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    one_line_error(mmfs("build", config, timeout=60), "no credentials")
+    proxy.down = True
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    one_line_error(mmfs("build", config, timeout=60), "cannot reach the object store")
+
+
+@pytest.mark.parametrize("storage,key,words", [
+    ({"cache_limit": "lots"}, "storage.cache_limit", "is not a size"),
+    ({"cache_limit": 1000}, "storage.cache_limit", "below the least"),
+    ({"endpoint_url": "localhost:9000"}, "storage.endpoint_url", "expected a URL"),
+    ({"max_requests": 0}, "storage.max_requests", "at least 1"),
+    ({"prefetch": "900MB", "cache_limit": "1GB"}, "storage.prefetch", "more than half"),
+    ({"colour": "blue"}, "storage.colour", "unknown key"),
+    ({"anonymous": "yes"}, "storage.anonymous", "true or false"),
+])
+def test_a_bad_storage_block_is_one_line_naming_the_key(tmp_path, storage, key, words):
+    config = tmp_path / "c.yaml"
+    (tmp_path / "data").symlink_to(GOLDEN / "data", target_is_directory=True)
+    config.write_text(yaml.safe_dump({"datasets": [{"path": "data/u16_docs"}], "sequence_length": 64,
+                                      "tokenizer": {"eod": 50256}, "storage": storage}))
+    one_line_error(mmfs("build", config), f"{config}: {key}: ", words)
+
+
+def _cached_bytes(folder: Path) -> int:
+    return sum(os.stat(os.path.join(d, n)).st_blocks * 512 for d, _, ns in os.walk(folder) for n in ns)
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+    return 0
+
+
+@pytest.fixture(scope="module")
+def big(server, tmp_path_factory):
+    """A 4 MB uint16 dataset (larger than the least cache limit), as a prefix and as
+    a .pbin, on local disk and in the bucket."""
+    from mmfs.formats.writer import IndexedDatasetWriter, write_packed
+
+    folder = tmp_path_factory.mktemp("big") / "data"
+    folder.mkdir()
+    rng = np.random.default_rng(17)
+    docs = [rng.integers(0, 50000, int(n), dtype=np.uint16) for n in rng.integers(200, 1800, 2000)]
+    with IndexedDatasetWriter(str(folder / "big.bin"), dtype=np.uint16) as w:
+        for d in docs:
+            w.add_item(d)
+            w.end_document()
+        w.finalize(str(folder / "big.idx"))
+    write_packed(str(folder / "big.pbin"), docs, token_size=2)
+    for name in ("big.bin", "big.idx", "big.pbin"):
+        server.put(BUCKET, f"big/{name}", (folder / name).read_bytes())
+    return folder
+
+
+def big_configs(tmp_path: Path, big: Path, name: str, endpoint: str, **storage) -> tuple[Path, Path]:
+    (tmp_path / "data").symlink_to(big, target_is_directory=True)
+    base = {"split": "98,2,0", "sequence_length": 512, "tokenizer": {"eod": 0, "pad": None},
+            "training": {"data_parallel_size": 2, "micro_batch_size": 2}}
+    local = tmp_path / "local.yaml"
+    local.write_text(yaml.safe_dump({**base, "datasets": [{"path": f"data/{name}"}], "cache_dir": "c1"}))
+    s3 = tmp_path / "s3.yaml"
+    s3.write_text(yaml.safe_dump({**base, "datasets": [{"path": remote(f"big/{name}")}], "cache_dir": "c2",
+                                  "storage": {"endpoint_url": endpoint,
+                                              "cache_dir": str(tmp_path / "storage"), **storage}}))
+    return local, s3
+
+
+def test_reading_more_than_the_cache_limit_stays_under_it(tmp_path, proxy, big):
+    limit = 1 << 20
+    local, s3 = big_configs(tmp_path, big, "big", proxy.url, cache_limit=limit, prefetch=256 << 10)
+    with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
+        names = sorted(os.listdir(b.path / "train/samples"))[:1500]  # 1.5 MB of tokens, 6 MB of pages
+        peak, rss = 0, []
+        for k, name in enumerate(names):
+            assert (b.path / "train/samples" / name).read_bytes() == (a.path / "train/samples" / name).read_bytes()
+            if k % 100 == 0:
+                peak = max(peak, _cached_bytes(tmp_path / "storage" / "ranges"))
+                rss.append(_rss(b.pid))
+        assert proxy.ranged_gets > len(names) // 4
+    assert limit // 2 < peak <= limit
+    assert max(rss[3:]) - min(rss[3:]) < 16 << 20, rss
+
+
+def test_a_pbin_from_a_bucket_is_the_local_one_and_its_index_is_kept(tmp_path, proxy, big, monkeypatch):
+    local, s3 = big_configs(tmp_path, big, "big.pbin", proxy.url, prefetch=0)
+    with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
+        assert assert_same_mount(a.path / "train", b.path / "train", stride=97) > 50
+    kept = list((tmp_path / "storage" / "objects").glob("*-big.pbin-*.npy"))
+    assert len(kept) == 2  # pointers and lengths, named by URL and ETag
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    info = mmfs("info", remote("big/big.pbin"))
+    assert info.returncode == 0 and "2,000" in info.stdout, info.stdout + info.stderr
+    assert list((tmp_path / "xdg" / "mmfs" / "objects").glob("*-big.pbin-*.npy"))
+    before = proxy.ranged_gets
+    with mounted(s3, tmp_path / "again") as c:  # the index from the cache: the header is fetched
+        assert (c.path / "train/samples/0000000.bin").read_bytes()
+    assert proxy.ranged_gets - before <= 3  # the header, the sample's piece or two
+
+
+def test_a_remote_mount_prefetches_the_next_files_in_order(tmp_path, proxy):
+    local, s3 = write_configs("p1_single_u16", tmp_path, proxy.url, prefetch=1 << 20)
+    proxy.delay = 0.02  # a region's first-byte latency: the prefetcher hides it
+    with mounted(s3, tmp_path / "s3") as b:
+        rank = b.path / "train" / "ranks" / "001"
+        names = sorted(os.listdir(rank))
+        (rank / names[0]).read_bytes()
+        time.sleep(1.0)  # the window fills behind the first read
+        before = proxy.ranged_gets
+        t0 = time.perf_counter()
+        for name in names[1:6]:
+            (rank / name).read_bytes()
+        waited = time.perf_counter() - t0
+        assert proxy.ranged_gets == before, "the next files were fetched ahead"
+        assert waited < 0.1
+        other = b.path / "train" / "ranks" / "000"
+        assert (other / sorted(os.listdir(other))[3]).read_bytes()  # not prefetched: fetched now
+        assert proxy.ranged_gets > before
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp_path / "s3.log")
