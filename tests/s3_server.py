@@ -1,7 +1,8 @@
 """A real S3-protocol server for the object-storage tests (moto's server mode, in
 its own process on 127.0.0.1), and a proxy between mmfs and it that injects
 faults: delays, 5xx answers, cut connections, truncated bodies, an endpoint
-that is down."""
+that is down. It also counts what it passes on (benchmarks/object_storage.py
+measures with it)."""
 
 from __future__ import annotations
 
@@ -78,12 +79,15 @@ class FaultProxy:
         self.delay = 0.0
         self.requests = 0
         self.ranged_gets = 0
+        self.ranged_bytes = 0  # body bytes of the answers to ranged GETs
+        self.ranges: list[tuple[str, str]] | None = None  # (path, Range) of each ranged GET, when a list
         self.injected = 0
         self._lock = threading.Lock()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
 
             def log_message(self, *args) -> None:
                 pass
@@ -178,6 +182,11 @@ class FaultProxy:
                 h.connection.shutdown(socket.SHUT_RDWR)
             return
         h.wfile.write(data)
+        if h.command == "GET" and "Range" in h.headers:
+            with self._lock:
+                self.ranged_bytes += len(data)
+                if self.ranges is not None:
+                    self.ranges.append((h.path, h.headers["Range"]))
 
     def close(self) -> None:
         self.server.shutdown()

@@ -53,11 +53,24 @@ def proxy(server, monkeypatch):
     p.close()
 
 
-def remote(prefix: str) -> str:
-    return f"s3://{BUCKET}/{prefix}"
+def remote(prefix: str, scheme: str = "s3") -> str:
+    """The URL of an object: s3://golden/..., or msc://golden/... through the MSC
+    profile `golden` (the same bucket)."""
+    return f"{scheme}://{BUCKET}/{prefix}"
 
 
-def write_configs(case: str, folder: Path, endpoint: str, **storage) -> tuple[Path, Path]:
+@pytest.fixture
+def msc_profile(proxy, tmp_path, monkeypatch):
+    """An MSC configuration whose profile `golden` is the test bucket, through the proxy."""
+    pytest.importorskip("multistorageclient")
+    config = tmp_path / "msc.yaml"
+    config.write_text(yaml.safe_dump({"profiles": {BUCKET: {"storage_provider": {"type": "s3", "options": {
+        "base_path": BUCKET, "endpoint_url": proxy.url, "region_name": CREDENTIALS["AWS_REGION"]}}}}}))
+    monkeypatch.setenv("MSC_CONFIG", str(config))
+    return config
+
+
+def write_configs(case: str, folder: Path, endpoint: str, scheme: str = "s3", **storage) -> tuple[Path, Path]:
     """(local config, the same with every dataset in the bucket)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data").symlink_to(GOLDEN / "data", target_is_directory=True)
@@ -65,7 +78,7 @@ def write_configs(case: str, folder: Path, endpoint: str, **storage) -> tuple[Pa
     local["training"] = {"data_parallel_size": 3, "micro_batch_size": 2}
     (folder / "local.yaml").write_text(yaml.safe_dump(local, sort_keys=False))
     text = yaml.safe_dump(local, sort_keys=False)
-    text = re.sub(r"path: (data/\w+)", lambda m: f"path: {remote(m.group(1))}", text)
+    text = re.sub(r"path: (data/\w+)", lambda m: f"path: {remote(m.group(1), scheme)}", text)
     cfg = yaml.safe_load(text)
     cfg["cache_dir"] = "remote-cache"
     cfg["storage"] = {"endpoint_url": endpoint, "cache_dir": str(folder / "storage"), **storage}
@@ -102,7 +115,7 @@ def assert_same_mount(local: Path, bucket: Path, stride: int = 7) -> int:
 
 def manifest_without_paths(path: Path) -> dict:
     text = path.read_text()
-    text = re.sub(r"s3://golden/(data/\w+)", r"\1", text)
+    text = re.sub(r"(s3|msc)://golden/(data/\w+)", r"\2", text)
     data = json.loads(text)
     data.pop("config", None)
     data.pop("config_path", None)
@@ -113,20 +126,28 @@ def manifest_without_paths(path: Path) -> dict:
     return data
 
 
-@pytest.mark.parametrize("case", case_names())
-def test_the_golden_cases_from_a_bucket_are_the_local_mount(tmp_path, proxy, case):
-    local, s3 = write_configs(case, tmp_path, proxy.url)
+def check_golden_case(case: str, tmp_path: Path, proxy: FaultProxy, scheme: str) -> None:
+    local, s3 = write_configs(case, tmp_path, proxy.url, scheme)
     with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
         assert assert_same_mount(a.path, b.path) > 50
         assert manifest_without_paths(a.path / "mmfs.json") == manifest_without_paths(b.path / "mmfs.json")
     assert proxy.ranged_gets > 0
-    # Megatron's cache names for the s3:// prefix: its description with that path, hashed
+    # Megatron's cache names for the prefix as written: its description with that path, hashed
     for described in (PUBLIC / case / "cache").glob("*-description.txt"):
-        text = re.sub(r'"dataset_path": "(data/\w+)"', lambda m: f'"dataset_path": "{remote(m.group(1))}"',
-                      described.read_text())
+        text = re.sub(r'"dataset_path": "(data/\w+)"',
+                      lambda m: f'"dataset_path": "{remote(m.group(1), scheme)}"', described.read_text())
         kind = described.name.split("-", 1)[1]
         name = f"{hashlib.md5(text.encode()).hexdigest()}-{kind}"
         assert (tmp_path / "remote-cache" / name).read_text() == text
+
+
+@pytest.mark.parametrize("case", case_names())
+def test_the_golden_cases_from_a_bucket_are_the_local_mount(tmp_path, proxy, case):
+    check_golden_case(case, tmp_path, proxy, "s3")
+
+
+def test_a_golden_case_through_a_multi_storage_client_profile(tmp_path, proxy, msc_profile):
+    check_golden_case("p2_blend2_u16", tmp_path, proxy, "msc")
 
 
 def test_a_blend_of_local_and_remote_datasets(tmp_path, proxy):
@@ -163,7 +184,10 @@ def test_an_endpoint_that_goes_away_gives_eio_and_comes_back(tmp_path, proxy):
             assert (b.path / "train/samples" / name).read_bytes() == (a.path / "train/samples" / name).read_bytes()
 
 
-def test_an_object_replaced_under_the_mount_gives_eio_never_mixed_bytes(tmp_path, server, proxy):
+@pytest.mark.parametrize("scheme", ["s3", "msc"])
+def test_an_object_replaced_under_the_mount_gives_eio_never_mixed_bytes(tmp_path, server, proxy, scheme, request):
+    if scheme == "msc":
+        request.getfixturevalue("msc_profile")
     key = "replaced/u16_docs"
     for ext in (".bin", ".idx"):
         server.put(BUCKET, key + ext, (GOLDEN / "data" / f"u16_docs{ext}").read_bytes())
@@ -174,7 +198,7 @@ def test_an_object_replaced_under_the_mount_gives_eio_never_mixed_bytes(tmp_path
     (folder / "local.yaml").write_text(yaml.safe_dump({**base, "datasets": [{"path": "data/u16_docs"}],
                                                        "cache_dir": "c1"}))
     (folder / "s3.yaml").write_text(yaml.safe_dump({
-        **base, "datasets": [{"path": remote(key)}], "cache_dir": "c2",
+        **base, "datasets": [{"path": remote(key, scheme)}], "cache_dir": "c2",
         "storage": {"endpoint_url": proxy.url, "cache_dir": str(folder / "storage"), "prefetch": 0}}))
     with mounted(folder / "local.yaml", folder / "l") as a, mounted(folder / "s3.yaml", folder / "r") as b:
         names = sorted(os.listdir(a.path / "train/samples"))
@@ -241,6 +265,15 @@ def test_a_missing_object_bucket_or_access_is_one_line_and_no_mount(tmp_path, pr
     one_line_error(mmfs("build", config, timeout=60), "cannot reach the object store")
 
 
+def test_a_missing_msc_object_or_profile_is_one_line(tmp_path, proxy, msc_profile):
+    for path, *fragments in [(remote("data/nothing", "msc"), "no dataset", "msc://golden/data/nothing"),
+                             ("msc://elsewhere/data/u16_docs", "msc://elsewhere/data/u16_docs",
+                              "MSC_CONFIG")]:
+        config = _config(tmp_path, path, proxy.url)
+        one_line_error(mmfs("build", config, timeout=60), "datasets[0].path: ", *fragments)
+        one_line_error(mmfs("info", path, timeout=60), *fragments[-1:])
+
+
 @pytest.mark.parametrize("storage,key,words", [
     ({"cache_limit": "lots"}, "storage.cache_limit", "is not a size"),
     ({"cache_limit": 1000}, "storage.cache_limit", "below the least"),
@@ -293,7 +326,7 @@ def big(server, tmp_path_factory):
 def big_configs(tmp_path: Path, big: Path, name: str, endpoint: str, **storage) -> tuple[Path, Path]:
     (tmp_path / "data").symlink_to(big, target_is_directory=True)
     base = {"split": "98,2,0", "sequence_length": 512, "tokenizer": {"eod": 0, "pad": None},
-            "training": {"data_parallel_size": 2, "micro_batch_size": 2}}
+            "training": {"data_parallel_size": 2, "micro_batch_size": 2, "global_batch_size": 8}}
     local = tmp_path / "local.yaml"
     local.write_text(yaml.safe_dump({**base, "datasets": [{"path": f"data/{name}"}], "cache_dir": "c1"}))
     s3 = tmp_path / "s3.yaml"
@@ -336,23 +369,42 @@ def test_a_pbin_from_a_bucket_is_the_local_one_and_its_index_is_kept(tmp_path, p
     assert proxy.ranged_gets - before <= 3  # the header, the sample's piece or two
 
 
+def test_every_command_takes_remote_datasets(tmp_path, proxy, big, monkeypatch):
+    local, s3 = big_configs(tmp_path, big, "big", proxy.url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # for the commands without a config
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert mmfs("build", s3).returncode == 0
+    for argv in (["sample", "{}", "17"], ["which", "{}", "--consumed", "40"],
+                 ["which", "{}", "--iteration", "3", "--rank", "1", "--json"]):
+        here, there = (mmfs(*[a.format(c) for a in argv]) for c in (local, s3))
+        assert there.returncode == 0, there.stderr
+        same = there.stdout.replace(str(s3), str(local)).replace(remote("big/big"), "data/big")
+        assert same == here.stdout, argv
+    for target in (remote("big/big"), remote("big/big.pbin")):
+        for command in ("info", "verify"):
+            done = mmfs(command, target)
+            assert done.returncode == 0 and remote("big/big") in done.stdout, done.stdout + done.stderr
+
+
 def test_a_remote_mount_prefetches_the_next_files_in_order(tmp_path, proxy):
-    local, s3 = write_configs("p1_single_u16", tmp_path, proxy.url, prefetch=1 << 20)
-    proxy.delay = 0.02  # a region's first-byte latency: the prefetcher hides it
+    local, s3 = write_configs("p1_single_u16", tmp_path, proxy.url, prefetch=8192)
+    proxy.delay = 0.05  # a slow region's first-byte latency: the prefetcher hides it
     with mounted(s3, tmp_path / "s3") as b:
         rank = b.path / "train" / "ranks" / "001"
         names = sorted(os.listdir(rank))
         (rank / names[0]).read_bytes()
-        time.sleep(1.0)  # the window fills behind the first read
+        time.sleep(1.5)  # the window (8 KiB: 8 files of 1 KiB) fills behind the first read
         before = proxy.ranged_gets
         t0 = time.perf_counter()
         for name in names[1:6]:
             (rank / name).read_bytes()
         waited = time.perf_counter() - t0
-        assert proxy.ranged_gets == before, "the next files were fetched ahead"
-        assert waited < 0.1
+        assert waited < 0.1, "5 files fetched on demand would take 5 round trips of 50 ms"
+        time.sleep(0.5)  # (the proxy counts a request after its delay)
+        assert proxy.ranged_gets > before  # the window moved on with the reader
         other = b.path / "train" / "ranks" / "000"
-        assert (other / sorted(os.listdir(other))[3]).read_bytes()  # not prefetched: fetched now
-        assert proxy.ranged_gets > before
+        t0 = time.perf_counter()
+        assert (other / sorted(os.listdir(other))[3]).read_bytes()  # another rank's: not prefetched
+        assert time.perf_counter() - t0 >= 0.05
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp_path / "s3.log")
