@@ -18,6 +18,9 @@ import itertools
 import logging
 import mmap
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -46,9 +49,30 @@ class FetchedArray(NamedTuple):
         return self.count * self.dtype.itemsize
 
 
+_noting = threading.local()
+
+
+@contextmanager
+def noted_fetches() -> Iterator[list[tuple[Any, int, int]]]:
+    """Inside the block, this thread's C reads of fetched sources fetch nothing:
+    they note (source, offset, length) in the list it yields, and the bytes they
+    return are garbage. A caller learns what a read needs, fetches it all at once,
+    then reads for real."""
+    noted: list[tuple[Any, int, int]] = []
+    _noting.wanted = noted
+    try:
+        yield noted
+    finally:
+        _noting.wanted = None
+
+
 def _fetch(ctx, pos: int, n: int, to) -> int:
     """mmfs_fetch_fn: bytes of the source behind ctx, for the C core."""
     source = ffi.from_handle(ctx)
+    wanted = getattr(_noting, "wanted", None)
+    if wanted is not None:
+        wanted.append((source, pos, n))
+        return n
     try:
         return source.read_into(pos, ffi.buffer(to, n))
     except (MmfsError, OSError) as exc:
