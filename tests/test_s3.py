@@ -131,6 +131,9 @@ def check_golden_case(case: str, tmp_path: Path, proxy: FaultProxy, scheme: str)
     with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
         assert assert_same_mount(a.path, b.path) > 50
         assert manifest_without_paths(a.path / "mmfs.json") == manifest_without_paths(b.path / "mmfs.json")
+        for written in (b.path / "mmfs.json", b.log):  # credentials never leave the environment
+            assert CREDENTIALS["AWS_SECRET_ACCESS_KEY"] not in written.read_text()
+            assert CREDENTIALS["AWS_ACCESS_KEY_ID"] not in written.read_text()
     assert proxy.ranged_gets > 0
     # Megatron's cache names for the prefix as written: its description with that path, hashed
     for described in (PUBLIC / case / "cache").glob("*-description.txt"):

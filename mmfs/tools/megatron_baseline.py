@@ -23,10 +23,10 @@ class _Tokenizer:
         self.unique_identifiers = {"class": "mmfs.bench", "eod": eod, "pad": pad}
 
 
-def megatron_dataset(corpus: Any, split: str, cache_dir: str) -> Any:
+def megatron_dataset(corpus: Any, split: str, cache_dir: str, **settings: Any) -> Any:
     """megatron-core's own top-level dataset of `split` for the corpus's config,
-    built by BlendedMegatronDatasetBuilder (indices cached in `cache_dir`).
-    ImportError when megatron-core is not installed."""
+    built by BlendedMegatronDatasetBuilder (indices cached in `cache_dir`; `settings`:
+    more GPTDatasetConfig fields). ImportError when megatron-core is not installed."""
     import warnings
 
     with warnings.catch_warnings():
@@ -65,7 +65,7 @@ def megatron_dataset(corpus: Any, split: str, cache_dir: str) -> Any:
         add_extra_token_to_sequence=cfg.add_extra_token,
         drop_last_partial_validation_sequence=cfg.drop_last_partial_validation_sequence,
         mid_level_dataset_surplus=cfg.mid_level_dataset_surplus,
-        **kwargs,
+        **kwargs, **settings,
     )
     sizes = [cfg.samples.get(n) for n in names]
     built = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()

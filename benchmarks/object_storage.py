@@ -1,0 +1,311 @@
+"""One rank's micro-batches from a bucket: an mmfs mount against megatron-core's own
+S3 reader, and against the server's ceiling.
+
+    PYTHONPATH=. python benchmarks/object_storage.py [--data DIR] [--gib 2.1]
+        [--delay 0.02] [-n 200] [--megatron-n 25] [--chunks 268435456,16777216,1048576,65536,16384]
+
+The bucket is served by localbucket (PyPI; a bucket is a folder and a ranged GET
+reads only its range, so it costs the same on a large object as on a small one:
+measured first and printed) on 127.0.0.1, behind the tests' proxy
+(tests/s3_server.py), which adds `--delay` seconds to every request (a cloud
+region's first-byte latency) and counts requests and bytes. The dataset is a
+uint16 .bin of `--gib` GiB (written once into `--data`), read as GPT samples of
+sequence_length 4096; rank 0 of data_parallel_size 8, micro_batch_size 4.
+
+- mmfs: `mmfs mount` of a config whose dataset is s3://bench/big; rank 000's
+  micro-batch files read in order (`-n` of them). Samples/s, bytes fetched ÷
+  bytes served, requests, the daemon's peak RSS, the cache folder's size.
+- the ceiling: the very byte ranges mmfs fetched, fetched again by a plain boto3
+  client with as many connections as mmfs's max_requests.
+- megatron-core 0.19.2: its GPTDataset over the same s3:// prefix (the .idx
+  downloaded, the .bin read by _S3BinReader with each `--chunks` size of
+  bin_chunk_nbytes, 256 MiB being its default) in a torch DataLoader with 2
+  workers and MegatronPretrainingSampler for the same rank; `--megatron-n`
+  micro-batches each. Its first micro-batch is checked against mmfs's bytes.
+  Needs torch and megatron-core (run with the Python they are in); skipped
+  without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import functools
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from s3_server import CREDENTIALS, FaultProxy, free_port  # noqa: E402
+
+BUCKET, KEY = "bench", "big"
+SEQ, DP, MBS = 4096, 8, 4
+
+
+def ensure_data(folder: Path, gib: float) -> Path:
+    """<folder>/<bucket>/big.bin and .idx: random uint16 tokens, documents of 200-8000."""
+    prefix = folder / BUCKET / KEY
+    if prefix.with_suffix(".idx").exists() and prefix.with_suffix(".bin").stat().st_size >= gib * (1 << 30):
+        return prefix
+    from mmfs.formats.writer import IndexedDatasetWriter
+
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    tokens = int(gib * (1 << 30)) // 2
+    with IndexedDatasetWriter(str(prefix.with_suffix(".bin")), dtype=np.uint16) as w:
+        done = 0
+        while done < tokens:
+            lengths = rng.integers(200, 8000, 1000)
+            block = rng.integers(0, 50000, int(lengths.sum()), dtype=np.uint16)
+            for piece in np.split(block, np.cumsum(lengths)[:-1]):
+                w.add_item(piece)
+                w.end_document()
+            done += block.size
+        w.finalize(str(prefix.with_suffix(".idx")))
+    return prefix
+
+
+@contextlib.contextmanager
+def localbucket(root: Path):
+    port = free_port()
+    # TCP_NODELAY: its headers and body go out in two writes, and Nagle's algorithm
+    # would hold the body for the client's delayed ACK (40 ms a request)
+    launch = ("import sys, localbucket; localbucket.S3Handler.disable_nagle_algorithm = True; "
+              "sys.argv[0] = 'localbucket'; localbucket.main()")
+    proc = subprocess.Popen([sys.executable, "-c", launch, str(root), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            time.sleep(0.05)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def s3_client(endpoint: str, connections: int = 10):
+    import boto3
+    import botocore.config
+
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, config=botocore.config.Config(
+        max_pool_connections=connections, s3={"addressing_style": "path"}))
+
+
+def ranged_get_seconds(client, key: str, size: int, n: int = 40) -> float:
+    """Mean seconds of an 8 KiB ranged GET at random offsets of the object."""
+    rng = np.random.default_rng(1)
+    start = time.perf_counter()
+    for offset in rng.integers(0, max(1, size - 8192), n):
+        client.get_object(Bucket=BUCKET, Key=key, Range=f"bytes={offset}-{offset + 8191}")["Body"].read()
+    return (time.perf_counter() - start) / n
+
+
+def rss_peak(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
+
+
+def disk_bytes(folder: Path) -> int:
+    return sum(os.stat(os.path.join(d, n)).st_blocks * 512 for d, _, ns in os.walk(folder) for n in ns)
+
+
+def mmfs_cli(*args: str, env: dict) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "mmfs.cli", *map(str, args)], capture_output=True,
+                          text=True, env=env)
+    if done.returncode:
+        raise SystemExit(f"mmfs {args[0]} failed: {done.stderr.strip()}")
+    return done
+
+
+def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict) -> dict:
+    config = work / "s3.yaml"
+    cache = work / "storage"
+    config.write_text(json.dumps({
+        "datasets": [{"path": f"s3://{BUCKET}/{KEY}"}], "split": "100,0,0", "sequence_length": SEQ,
+        "tokenizer": {"eod": 0, "pad": None}, "cache_dir": str(work / "indices"),
+        "training": {"data_parallel_size": DP, "micro_batch_size": MBS},
+        "storage": {"endpoint_url": proxy.url, "cache_dir": str(cache)}}))
+    t0 = time.perf_counter()
+    mmfs_cli("build", config, env=env)
+    built = time.perf_counter() - t0
+    mnt = work / "mnt"
+    mnt.mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+    out = mmfs_cli("mount", config, mnt, "--log", work / "mount.log", env=env).stdout
+    mounted = time.perf_counter() - t0
+    pid = int(re.search(r"daemon pid (\d+)", out).group(1))
+    try:
+        rank = mnt / "train" / "ranks" / "000"
+        names = sorted(os.listdir(rank))[:n]
+        proxy.ranges, proxy.ranged_gets, proxy.ranged_bytes = [], 0, 0
+        served = 0
+        t0 = time.perf_counter()
+        first = None
+        for name in names:
+            data = (rank / name).read_bytes()
+            first = data if first is None else first
+            served += len(data)
+        seconds = time.perf_counter() - t0
+        time.sleep(1)  # the prefetcher's requests in flight land in the counts
+        result = {"build_s": built, "mount_s": mounted, "microbatches": len(names), "seconds": seconds,
+                  "samples_per_s": len(names) * MBS / seconds, "served_bytes": served,
+                  "requests": proxy.ranged_gets, "fetched_bytes": proxy.ranged_bytes,
+                  "rss_peak": rss_peak(pid), "cache_bytes": disk_bytes(cache)}
+        result["fetched_per_served"] = result["fetched_bytes"] / served
+        result["first"] = np.frombuffer(first, dtype=np.uint16)
+        result["ranges"] = list(proxy.ranges)
+        proxy.ranges = None
+        return result
+    finally:
+        subprocess.run(["fusermount", "-u", str(mnt)], check=False)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
+def run_ceiling(proxy: FaultProxy, ranges: list[tuple[str, str]], connections: int, work: Path) -> float:
+    """Seconds to fetch `ranges` again with a plain client and `connections` threads,
+    in a process of its own (this one runs the proxy)."""
+    listing = work / "ranges.json"
+    listing.write_text(json.dumps(ranges))
+    out = subprocess.run([sys.executable, __file__, "--replay", str(listing), "--endpoint", proxy.url,
+                          "--max-requests", str(connections)], capture_output=True, text=True, check=True)
+    return float(out.stdout)
+
+
+def replay(listing: str, endpoint: str, connections: int) -> float:
+    ranges = json.loads(Path(listing).read_text())
+    client = s3_client(endpoint, connections)
+
+    def get(item):
+        path, spec = item
+        bucket, _, key = path.lstrip("/").partition("/")
+        return len(client.get_object(Bucket=bucket, Key=key.split("?")[0], Range=spec)["Body"].read())
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(connections) as pool:
+        sum(pool.map(get, ranges))
+    return time.perf_counter() - t0
+
+
+def run_megatron(config_path: Path, work: Path, chunk: int, n: int, first: np.ndarray) -> dict:
+    import torch
+    from megatron.core.datasets import gpt_dataset
+    from megatron.core.datasets.object_storage_utils import ObjectStorageConfig
+    from megatron_modules import load_data_samplers
+
+    from mmfs.megatron import open_corpus
+    from mmfs.tools.megatron_baseline import megatron_dataset
+
+    gpt_dataset.ObjectStorageConfig = functools.partial(ObjectStorageConfig, bin_chunk_nbytes=chunk)
+    corpus = open_corpus(str(config_path), progress=False)
+    cache = work / f"megatron-{chunk}"
+    ds = megatron_dataset(corpus, "train", str(cache / "indices"), mmap_bin_files=False,  # as --no-mmap-bin-files
+                          object_storage_cache_path=str(cache / "idx"))
+    sampler = load_data_samplers().MegatronPretrainingSampler(len(ds), 0, MBS, 0, DP)
+    loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, num_workers=2)
+    t0 = time.perf_counter()
+    count, steady_from = 0, None
+    for batch in loader:
+        if count == 0:
+            steady_from = time.perf_counter()
+            got = torch.cat([batch["tokens"], batch["labels"][:, -1:]], dim=1).numpy().astype(np.uint16)
+            if not np.array_equal(got.reshape(-1), first):
+                raise SystemExit("megatron-core's first micro-batch differs from mmfs's file 0")
+        count += 1
+        if count == n:
+            break
+    end = time.perf_counter()
+    return {"chunk": chunk, "microbatches": count, "seconds": end - t0,
+            "samples_per_s": (count - 1) * MBS / (end - steady_from)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "mmfs-s3-bench"))
+    parser.add_argument("--gib", type=float, default=2.1)
+    parser.add_argument("--delay", type=float, default=0.02)
+    parser.add_argument("-n", type=int, default=200, help="micro-batch files mmfs reads")
+    parser.add_argument("--megatron-n", type=int, default=25, help="micro-batches per megatron-core run")
+    parser.add_argument("--chunks", default=f"{256 << 20},{16 << 20},{1 << 20},{64 << 10},{16 << 10}")
+    parser.add_argument("--max-requests", type=int, default=16)
+    parser.add_argument("--replay", help=argparse.SUPPRESS)  # the ceiling's own process
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.replay:
+        print(replay(args.replay, args.endpoint, args.max_requests))
+        return 0
+
+    root = Path(args.data)
+    ensure_data(root, args.gib)
+    bin_size = (root / BUCKET / f"{KEY}.bin").stat().st_size
+    small = root / BUCKET / "small"
+    small.write_bytes(os.urandom(16384))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(CREDENTIALS)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    os.environ.update(CREDENTIALS)
+    print(f"dataset: s3://{BUCKET}/{KEY} ({bin_size / (1 << 30):.2f} GiB uint16), S {SEQ}, "
+          f"rank 0 of {DP}, micro_batch_size {MBS}; {args.delay * 1000:.0f} ms per request added")
+    with localbucket(root) as port, tempfile.TemporaryDirectory(prefix="mmfs-s3-bench-") as tmp:
+        work = Path(tmp)
+        direct = s3_client(f"http://127.0.0.1:{port}")
+        direct.head_object(Bucket=BUCKET, Key=f"{KEY}.bin")  # its first look hashes the object for the ETag
+        big_s = ranged_get_seconds(direct, f"{KEY}.bin", bin_size)
+        small_s = ranged_get_seconds(direct, "small", 16384)
+        print(f"server: an 8 KiB ranged GET takes {big_s * 1000:.1f} ms on the {bin_size >> 20} MiB object, "
+              f"{small_s * 1000:.1f} ms on a 16 KiB one (no delay)")
+        proxy = FaultProxy(port)
+        proxy.delay = args.delay
+        env["AWS_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL"] = proxy.url
+        m = run_mmfs(work, proxy, args.n, env)
+        print(f"mmfs: index built in {m['build_s']:.1f} s, mounted in {m['mount_s']:.1f} s; "
+              f"{m['microbatches']} micro-batch files in {m['seconds']:.2f} s: {m['samples_per_s']:,.0f} samples/s")
+        print(f"  {m['requests']} requests, fetched {m['fetched_bytes'] / 1e6:.1f} MB for "
+              f"{m['served_bytes'] / 1e6:.1f} MB served: {m['fetched_per_served']:.3f}; daemon peak RSS "
+              f"{m['rss_peak'] / 1e6:.0f} MB; cache folder {m['cache_bytes'] / 1e6:.1f} MB")
+        ceiling_s = run_ceiling(proxy, m["ranges"], args.max_requests, work)
+        ceiling = m["microbatches"] * MBS / ceiling_s
+        print(f"ceiling: the same {len(m['ranges'])} ranges by boto3 with {args.max_requests} connections "
+              f"in {ceiling_s:.2f} s: {ceiling:,.0f} samples/s; mmfs / ceiling {m['samples_per_s'] / ceiling:.2f}")
+        try:
+            import megatron.core  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError:
+            print("megatron-core: not installed here, skipped")
+            return 0
+        sys.path.insert(0, str(ROOT / "tests" / "reference"))
+        runs = []
+        for chunk in (int(c) for c in args.chunks.split(",")):
+            before = proxy.ranged_bytes
+            r = run_megatron(work / "s3.yaml", work, chunk, args.megatron_n, m["first"])
+            r["fetched_bytes"] = proxy.ranged_bytes - before
+            runs.append(r)
+            print(f"megatron-core, bin_chunk_nbytes {chunk:,}: {r['microbatches']} micro-batches in "
+                  f"{r['seconds']:.1f} s: {r['samples_per_s']:,.1f} samples/s steady (fetched "
+                  f"{r['fetched_bytes'] / 1e6:,.0f} MB); mmfs / it {m['samples_per_s'] / r['samples_per_s']:.1f}x")
+        best = max(runs, key=lambda r: r["samples_per_s"])
+        default = runs[0]
+        print(f"mmfs / megatron-core: {m['samples_per_s'] / default['samples_per_s']:.1f}x at its default chunk, "
+              f"{m['samples_per_s'] / best['samples_per_s']:.1f}x at its best ({best['chunk']:,} bytes)")
+        proxy.close()
+    small.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
