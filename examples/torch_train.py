@@ -12,7 +12,8 @@ the model and the stream's state_dict (Megatron's consumed_samples: all ranks'
 samples so far). Run it again with the same --checkpoint and it reads on from
 exactly where it stopped; with another --data-parallel-size or --micro-batch-size it
 reads what Megatron's sampler, rebuilt on that layout at that consumed_samples,
-gives the rank. torch is only needed here; mmfs.loader itself is numpy only.
+gives the rank: the files of MOUNT/<split>/streams/dp=D,mbs=M,from=C/RRR/
+(docs/streams.md). torch is only needed here; mmfs.loader itself is numpy only.
 """
 
 from __future__ import annotations

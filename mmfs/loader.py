@@ -206,6 +206,50 @@ class Mount:
 
             yield self._items(raw, pieces_of, flags)
 
+    # -- the stream of any layout from any consumed_samples (docs/streams.md) -----------
+
+    def stream_dir(self, split: str, rank: int, data_parallel_size: int, micro_batch_size: int,
+                   consumed_samples: int = 0, sampler: str | None = None, sharding: bool | None = None) -> str:
+        """`rank`'s folder of the stream of a layout resumed at consumed_samples:
+        MOUNT/<split>/streams/dp=D,mbs=M,from=C[,sampler=...][,sharding=...]/RRR."""
+        self._split(split)
+        dp = _whole("data_parallel_size", data_parallel_size)
+        rank = _whole("rank", rank)
+        if not rank < dp:
+            raise LoaderError(f"rank {rank} is outside [0, {dp}) (data_parallel_size {dp})")
+        name = contract.stream_name(dp, _whole("micro_batch_size", micro_batch_size),
+                                    _whole("consumed_samples", consumed_samples), sampler, sharding)
+        return os.path.join(self.path, contract.streams_dir(split).lstrip("/"), name,
+                            f"{rank:0{contract.rank_name_width(dp)}d}")
+
+    def stream_files(self, split: str, rank: int, data_parallel_size: int, micro_batch_size: int,
+                     consumed_samples: int = 0, sampler: str | None = None,
+                     sharding: bool | None = None) -> list[str]:
+        """The micro-batch files of stream_dir(...), in order."""
+        folder = self.stream_dir(split, rank, data_parallel_size, micro_batch_size, consumed_samples,
+                                 sampler, sharding)
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(contract.FILE_SUFFIX))
+        except FileNotFoundError:
+            raise LoaderError(f"{folder}: no such stream (a layout Megatron's sampler refuses at that "
+                              "consumed_samples; the mount's log says why)") from None
+        except OSError as exc:
+            raise LoaderError(f"{folder}: cannot list it: {exc.strerror or exc}") from None
+        return [os.path.join(folder, n) for n in names]
+
+    def microbatch_file(self, path: str, **flags: bool) -> dict[str, np.ndarray]:
+        """A micro-batch file (of ranks/ or streams/) as megatron_batch of its samples,
+        plus `sample_ids`."""
+        _check_flags(flags)
+        raw = np.frombuffer(_read(path), dtype=self.dtype).reshape(-1, self.tokens_per_sample)
+        ids = [int(x) for x in _xattr(path, contract.XATTR_SAMPLES).split()]
+        if len(ids) != raw.shape[0]:
+            raise LoaderError(f"{path}: {raw.shape[0]} samples but {len(ids)} ids in {contract.XATTR_SAMPLES}")
+        split = os.path.relpath(path, self.path).split(os.sep)[0]
+        batch = self._items(raw, lambda row: self.pieces(split, ids[row]), flags)
+        batch["sample_ids"] = np.asarray(ids, dtype=np.int64)
+        return batch
+
     # -- GPTDataset.__getitem__, for a stack of samples ---------------------------------
 
     def _text(self, raw: np.ndarray, pieces_of) -> np.ndarray:

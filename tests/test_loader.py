@@ -197,6 +197,29 @@ def test_megatron_batches_stack_megatron_items(case_dirs):
         next(mount.megatron_batches("valid", 0, eod_mask=True))
 
 
+def test_a_stream_of_another_layout_is_read_as_megatrons_sampler_gives_it(case_dirs):
+    golden = json.loads((PUBLIC / "p2_blend2_u16" / "ranks-single_dp4_mb2.json").read_text())
+    mount = Mount(case_dirs("p2_blend2_u16", _training_block(golden)))
+    # the mount's own layout from 0 is its ranks/ folder
+    want = golden["ranks"]["train"]["3"]  # (the first micro-batches)
+    files = mount.stream_files("train", 3, 4, 2, 0)
+    assert [mount.microbatch_file(f)["sample_ids"].tolist() for f in files[:len(want)]] == want
+    # resumed at 40 on dp 3, mbs 1: Megatron's single sampler hands rank 1 samples 41, 44, 47, ...
+    files = mount.stream_files("train", 1, 3, 1, 40)
+    assert files[0] == mount.stream_dir("train", 1, 3, 1, 40) + "/0000000.bin"
+    assert files[0].endswith("/train/streams/dp=3,mbs=1,from=40/001/0000000.bin")
+    batches = [mount.microbatch_file(f) for f in files[:5]]
+    assert [b["sample_ids"].tolist() for b in batches] == [[41], [44], [47], [50], [53]]
+    direct = mount.megatron_batch("train", [44])
+    assert all(np.array_equal(batches[1][k], direct[k]) for k in direct)
+    assert mount.stream_dir("train", 0, 2, 2, 8, "cyclic", False).endswith("dp=2,mbs=2,from=8,sampler=cyclic,"
+                                                                            "sharding=false/000")
+    with pytest.raises(LoaderError, match="no such stream"):
+        mount.stream_files("train", 0, 3, 1, 10**9)  # past the end of the split: Megatron refuses it
+    with pytest.raises(LoaderError, match="rank 3 is outside"):
+        mount.stream_dir("train", 3, 3, 1, 0)
+
+
 def test_a_mount_without_a_training_section_says_so(case_dirs):
     mount = Mount(case_dirs("p4_single_multiseq"))
     with pytest.raises(LoaderError, match="no `training` section"):

@@ -10,9 +10,12 @@ or another data_parallel_size / micro_batch_size given here) yields that rank fr
 `consumed_samples`, in the order Megatron's training loop reads them (`cyclic`: on
 into later epochs, as cyclic_iter does). Each is megatron-core's batch (the fields
 of Mount.megatron_batch) plus `sample_ids` and `consumed_samples`, the global count
-after the step that reads it. The samplers run here (mmfs.megatron.samplers, exact
-ports checked against Megatron's) and the samples are read from the mount's sample
-files, so any layout and any consumed_samples Megatron would accept work.
+after the step that reads it. The micro-batches are the files of the mount's
+stream folder for that layout and consumed_samples (`<split>/streams/dp=D,mbs=M,
+from=C/RRR/`, docs/streams.md; for `cyclic`, one folder an epoch), so any layout
+and any consumed_samples Megatron would accept work; Megatron's sampler (the
+exact port in mmfs.megatron.samplers) is run here only to refuse, with its own
+words, a consumed_samples it would refuse.
 
 With DataLoader workers, worker w of W reads micro-batches w, w + W, ...; the
 DataLoader hands them out round-robin, which is the stream's own order. The
@@ -79,15 +82,30 @@ class RankStream(torch.utils.data.IterableDataset):
             raise LoaderError(f"{self.split}: {exc}") from None
         return iter(()) if first is None else itertools.chain([first], stream)
 
+    def _files(self, rank: int, consumed: int) -> list[str]:
+        cyclic = self.dataloader_type == "cyclic"
+        return self.mount.stream_files(self.split, rank, self.data_parallel_size, self.micro_batch_size,
+                                       consumed, self.dataloader_type, self.data_sharding if cyclic else None)
+
+    def _segments(self, start: int) -> Iterator[list[str]]:
+        """The rank's files of each stream folder it reads from `start`: one for
+        `single` (to the end of the split), one an epoch for `cyclic`."""
+        consumed = start
+        while self.dataloader_type == "cyclic" or consumed < self.total:
+            files = self._files(self.rank, consumed)
+            yield files
+            if self.dataloader_type != "cyclic" or not files:
+                return
+            consumed += len(self._files(0, consumed)) * self.step  # the next epoch's first sample
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         start = self.consumed_samples
-        stream = itertools.islice(self._sampler(start), worker, None, workers)
-        for k, ids in zip(itertools.count(worker, workers), stream):
-            batch = self.mount.megatron_batch(self.split, ids, **self.flags)
+        files = itertools.chain.from_iterable(self._segments(start))
+        for k, path in itertools.islice(enumerate(files), worker, None, workers):
+            batch = self.mount.microbatch_file(path, **self.flags)
             out = {name: torch.from_numpy(np.ascontiguousarray(v)) for name, v in batch.items()}
-            out["sample_ids"] = torch.tensor(ids, dtype=torch.int64)
             out["consumed_samples"] = torch.tensor(start + (k + 1) * self.step, dtype=torch.int64)
             yield out
 

@@ -8,6 +8,8 @@ into a header (`c_header`). The layout itself is described in README.md.
 
 from __future__ import annotations
 
+import re
+
 # -- paths ------------------------------------------------------------------------
 
 MANIFEST = "mmfs.json"
@@ -32,6 +34,28 @@ def ranks_dir(split: str) -> str:
 def streams_dir(split: str) -> str:
     """The folder of a split's stream layouts (docs/streams.md): "/train/streams"."""
     return f"/{split}/{STREAMS}"
+
+
+# A stream layout folder's name, the one spelling (docs/streams.md): decimal
+# numbers without leading zeros, the optional parts in this order.
+_NUMBER = r"(0|[1-9][0-9]{0,18})"
+STREAM_NAME = re.compile(
+    rf"dp=(?P<dp>{_NUMBER}),mbs=(?P<mbs>{_NUMBER}),from=(?P<consumed>{_NUMBER})"
+    r"(?:,sampler=(?P<sampler>single|cyclic))?(?:,sharding=(?P<sharding>true|false))?"
+)
+STREAM_NAME_HELP = "dp=<D>,mbs=<M>,from=<C>[,sampler=single|cyclic][,sharding=true|false]"
+
+
+def stream_name(data_parallel_size: int, micro_batch_size: int, consumed_samples: int,
+                sampler: str | None = None, sharding: bool | None = None) -> str:
+    """The layout folder of a stream: "dp=3,mbs=2,from=592" (the sampler and sharding
+    only when given: the mount's defaults otherwise)."""
+    name = f"dp={int(data_parallel_size)},mbs={int(micro_batch_size)},from={int(consumed_samples)}"
+    if sampler is not None:
+        name += f",sampler={sampler}"
+    if sharding is not None:
+        name += f",sharding={'true' if sharding else 'false'}"
+    return name
 
 
 def rank_dir(split: str, rank: int, width: int) -> str:

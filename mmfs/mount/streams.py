@@ -22,7 +22,6 @@ per name.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from typing import Any
 from mmfs.config.schema import MAX_DATA_PARALLEL_SIZE
 from mmfs.megatron.rankplan import RankPlan, native_plan, plan_stream
 from mmfs.megatron.samplers import SamplerError
-from mmfs.mount.contract import name_width, rank_name_width, streams_dir
+from mmfs.mount.contract import STREAM_NAME, STREAM_NAME_HELP, name_width, rank_name_width, streams_dir
 from mmfs.mount.declarations import microbatch_view
 from mmfs.mount.views import Registry, View
 from mmfs.native import ffi, lib
@@ -42,13 +41,6 @@ log = logging.getLogger(__name__)
 MAX_LAYOUTS = 16  # layouts held at once (each holds its epoch's permutation)
 MAX_PERMUTATION_BYTES = 512 << 20  # 4 bytes a sample: 16 layouts of an 8M-sample split
 MAX_LOGGED = 1024  # refused names remembered, so that each is logged once
-
-_NUMBER = r"(0|[1-9][0-9]{0,18})"
-SPEC = re.compile(
-    rf"dp=(?P<dp>{_NUMBER}),mbs=(?P<mbs>{_NUMBER}),from=(?P<consumed>{_NUMBER})"
-    r"(?:,sampler=(?P<sampler>single|cyclic))?(?:,sharding=(?P<sharding>true|false))?"
-)
-SPEC_HELP = "dp=<D>,mbs=<M>,from=<C>[,sampler=single|cyclic][,sharding=true|false]"
 
 
 @dataclass(frozen=True)
@@ -65,9 +57,10 @@ class Layout:
 def parse_layout(name: str, training: Any) -> Layout:
     """The layout a folder name spells (SamplerError why not). training: the
     config's TrainingConfig or None, for the defaults."""
-    m = SPEC.fullmatch(name)
+    m = STREAM_NAME.fullmatch(name)
     if m is None:
-        raise SamplerError(f"not a stream layout: the name is {SPEC_HELP} (decimal numbers, no leading zeros)")
+        raise SamplerError(f"not a stream layout: the name is {STREAM_NAME_HELP} (decimal numbers, no "
+                           "leading zeros)")
     dp, mbs, consumed = int(m["dp"]), int(m["mbs"]), int(m["consumed"])
     if not 1 <= dp <= MAX_DATA_PARALLEL_SIZE:
         raise SamplerError(f"dp={dp}: data_parallel_size must be 1 to {MAX_DATA_PARALLEL_SIZE}")
