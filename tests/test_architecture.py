@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mmfs"
 
 # Lowest first; a module may import its own layer and the ones before it.
 LAYERS = [
-    ("mmfs", "mmfs._native", "mmfs.native", "mmfs.errors"),
+    ("mmfs", "mmfs._native", "mmfs.native", "mmfs.errors", "mmfs.processes"),
     ("mmfs.storage",),
     ("mmfs.formats",),
     ("mmfs.config",),

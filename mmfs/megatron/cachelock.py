@@ -21,6 +21,7 @@ import threading
 import time
 
 from mmfs.errors import CacheError
+from mmfs.processes import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +31,6 @@ WAIT_TIMEOUT = 6 * 3600.0
 HOST = os.uname().nodename  # socket.gethostname(), without importing socket
 
 EMPTY_GRACE = 5.0  # seconds a lock file may be empty while its builder writes it
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def read_owner(path: str) -> dict | None:

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from mmfs.processes import pid_alive
 from mmfs.storage.base import StorageError, StorageUnavailable, register_scheme
 from mmfs.storage.file import FileSource
 from mmfs.storage.rangecache import RangeCache
@@ -123,18 +124,8 @@ def _remove_dead(root: str) -> None:
     """The range folders of processes that are gone."""
     with contextlib.suppress(OSError):
         for name in os.listdir(root):
-            if name.isdigit() and not _alive(int(name)):
+            if name.isdigit() and not pid_alive(int(name)):
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RemoteSource:

@@ -18,7 +18,7 @@ import numpy as np
 from mmfs.errors import PreprocessError
 from mmfs.formats.dtypes import optimal_dtype
 from mmfs.formats.writer import IndexedDatasetWriter
-from mmfs.megatron.cachelock import pid_alive
+from mmfs.processes import pid_alive
 from mmfs.tools.preprocess import pipeline
 from mmfs.tools.preprocess.source import open_input, read_chunks
 from mmfs.tools.preprocess.tokenizer import (
