@@ -22,7 +22,9 @@ class StorageSettings:
     region: str | None = None
     anonymous: bool = False  # unsigned requests (public buckets)
     cache_dir: str | None = None  # None: default_cache_dir()
-    cache_limit: int = 10 << 30  # bytes of cached byte ranges on disk
+    # bytes of cached byte ranges on disk; the daemon keeps ~300 bytes of memory per
+    # range (a 4 GiB cache of 8 KiB pieces: some 100 MB)
+    cache_limit: int = 4 << 30
     prefetch: int = 64 << 20  # bytes fetched ahead of the reader
     max_requests: int = 16  # in flight at once
     request_timeout: float = 30.0  # seconds, per request
