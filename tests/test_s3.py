@@ -153,6 +153,21 @@ def test_a_golden_case_through_a_multi_storage_client_profile(tmp_path, proxy, m
     check_golden_case("p2_blend2_u16", tmp_path, proxy, "msc")
 
 
+def test_two_mounts_share_one_cache_folder(tmp_path, proxy):
+    local, s3 = write_configs("p1_single_u16", tmp_path, proxy.url)
+    with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "one") as b, \
+            mounted(s3, tmp_path / "two") as c:
+        names = sorted(os.listdir(a.path / "train/samples"))[::9]
+        for name in names:
+            want = (a.path / "train/samples" / name).read_bytes()
+            assert (b.path / "train/samples" / name).read_bytes() == want
+            assert (c.path / "train/samples" / name).read_bytes() == want
+        ranges = tmp_path / "storage" / "ranges"
+        assert sorted(os.listdir(ranges)) == sorted([str(b.pid), str(c.pid)])  # a range folder each
+        assert len(list((tmp_path / "storage" / "objects").glob("*-u16_docs.idx"))) == 1  # one copy
+    assert not (ranges / str(b.pid)).exists()  # gone with its daemon
+
+
 def test_a_blend_of_local_and_remote_datasets(tmp_path, proxy):
     local, s3 = write_configs("p2_blend2_u16", tmp_path, proxy.url)
     cfg = yaml.safe_load(s3.read_text())

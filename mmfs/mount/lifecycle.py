@@ -30,6 +30,7 @@ from typing import Any
 
 from mmfs.errors import MmfsError, MountError
 from mmfs.mount.options import MountOptions, parse_mount_options
+from mmfs.storage import close_range_caches
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +221,7 @@ def spawn_daemon(
         try:
             code = _daemon_main(tree, mountpoint, options, log_fd, level)
         finally:
+            close_range_caches()  # os._exit runs no atexit handler
             logging.shutdown()
             os._exit(code)
     os.close(log_fd)

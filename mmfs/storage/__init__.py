@@ -9,6 +9,7 @@ from __future__ import annotations
 from mmfs.storage import memory, msc, s3  # noqa: F401 - register mem:// (the test double), msc://, s3://
 from mmfs.storage.base import NotThere, Source, StorageError, StorageUnavailable, opener_for, scheme_of  # noqa: F401
 from mmfs.storage.file import FileSource
+from mmfs.storage.remote import close_range_caches  # noqa: F401
 from mmfs.storage.settings import copy_path  # noqa: F401
 
 

@@ -120,6 +120,15 @@ def range_cache(settings: StorageSettings) -> RangeCache:
         return cache
 
 
+def close_range_caches() -> None:
+    """Remove this process's range folders now (also registered atexit; a forked
+    daemon ends with os._exit, which runs no atexit handler, so it calls this)."""
+    with _RANGES_LOCK:
+        mine = [f for f in _RANGES if os.path.basename(f) == str(os.getpid())]
+        for folder in mine:
+            _RANGES.pop(folder).close()
+
+
 def _remove_dead(root: str) -> None:
     """The range folders of processes that are gone."""
     with contextlib.suppress(OSError):
