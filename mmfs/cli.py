@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_parser(sub, common)
 
     p = sub.add_parser("preprocess", parents=[common],
-                       help="tokenize JSONL into IndexedDatasets (Megatron's tools/preprocess_data.py)")
+                       help="tokenize JSONL or Parquet into IndexedDatasets (Megatron's tools/preprocess_data.py)")
     from mmfs.tools.preprocess import add_arguments
     add_arguments(p)
     return parser

@@ -14,6 +14,7 @@ LAYERS = [
     ("mmfs", "mmfs._native", "mmfs.native", "mmfs.errors", "mmfs.processes"),
     ("mmfs.storage",),
     ("mmfs.formats",),
+    ("mmfs.text",),  # tokenizers and the tokenizing pipeline (preprocess, text datasets)
     ("mmfs.config",),
     ("mmfs.megatron",),
     ("mmfs.mount", "mmfs.loader"),  # the loader reads what the mount serves

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from format_helpers import document_tokens
 from mmfs.cli import main
 from mmfs.formats.indexed import IndexedDataset
-from mmfs.tools.preprocess import source
-from mmfs.tools.preprocess.pipeline import _assemble
+from mmfs.text import source
+from mmfs.text.pipeline import _assemble
 from mount_fixtures import ROOT
 
 GOLDEN = Path(__file__).parent / "golden" / "preprocess"
@@ -325,7 +325,7 @@ def test_hf_special_tokens_as_megatron_core_sees_them(tmp_path):
     """tokenizer_config.json's special tokens, as megatron-core's HuggingFaceTokenizer
     (through transformers) treats them; checked against megatron-core 0.19.2 with
     transformers 5.23 on these same variants."""
-    from mmfs.tools.preprocess.tokenizer import HuggingFaceTokenizer
+    from mmfs.text.tokenizer import HuggingFaceTokenizer
 
     spec = json.loads((GOLDEN / "hf_tokenizer" / "tokenizer.json").read_text())
     base = len(spec["model"]["vocab"])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mmfs.cli import main
-from mmfs.tools.preprocess.tokenizer import TokenizerSpec, eod_and_pad
+from mmfs.text.tokenizer import TokenizerSpec, eod_and_pad
 
 HERE = Path(__file__).parent / "golden" / "preprocess" / "tokenizers"
 RECORDED = json.loads((HERE / "recorded.json").read_text())

@@ -198,7 +198,7 @@ def tokenizer_block(values: dict) -> dict[str, Any]:
         model = values.get("--tokenizer-model")
         if model is None:
             raise MegatronArgsError("--tokenizer-model: missing: HuggingFaceTokenizer loads it")
-        from mmfs.tools.preprocess.tokenizer import HuggingFaceTokenizer
+        from mmfs.text.tokenizer import HuggingFaceTokenizer
 
         try:
             tok = HuggingFaceTokenizer(model)

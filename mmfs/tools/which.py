@@ -22,7 +22,7 @@ from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
 from mmfs.megatron.rankplan import plan_ranks, stream_microbatch
 from mmfs.mount.contract import MANIFEST, file_name, name_width, rank_dir, rank_name_width
-from mmfs.tools.preprocess.tokenizer_base import check_tokenizer_file
+from mmfs.text.tokenizer_base import check_tokenizer_file
 
 
 class WhichError(MmfsError):

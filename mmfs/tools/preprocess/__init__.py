@@ -1,22 +1,24 @@
-"""`mmfs preprocess`: JSONL to Megatron IndexedDatasets, byte for byte as Megatron's
+"""`mmfs preprocess`: JSONL or Parquet to Megatron IndexedDatasets, byte for byte as Megatron's
 tools/preprocess_data.py writes them."""
 
 from __future__ import annotations
 
 import argparse
 
-from mmfs.tools.preprocess.tokenizer import TOKENIZER_TYPES
+from mmfs.text.tokenize import DEFAULT_MAX_LINE_BYTES
+from mmfs.text.tokenizer import TOKENIZER_TYPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Megatron's flags, so that a tools/preprocess_data.py command line carries over."""
-    p.add_argument("--input", required=True, help="JSONL file (.jsonl, .jsonl.gz, .jsonl.zst)")
+    p.add_argument("--input", required=True, help="JSONL file (.jsonl, .jsonl.gz, .jsonl.zst) or Parquet file "
+                   "(.parquet; the keys are its columns; needs pyarrow)")
     p.add_argument("--output-prefix", required=True, help="writes PREFIX_<key>_document.{bin,idx}")
     p.add_argument("--json-keys", nargs="+", default=["text"], help="keys to tokenize (default: text)")
     p.add_argument("--append-eod", action="store_true", help="end each non-empty document with eod")
     p.add_argument("--workers", type=int, default=1,
                    help="tokenizer processes (default 1; at most the CPUs this process may use)")
-    p.add_argument("--max-line-bytes", type=int, default=64 << 20,
+    p.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
                    help="refuse a line (one document) longer than this (default 64 MiB): "
                         "a line is held in memory whole, several times over")
     p.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmfs.errors import PreprocessError
-from mmfs.tools.preprocess.tokenizer_base import Tokenizer, check_tokenizer_file, flatten
+from mmfs.text.tokenizer_base import Tokenizer, check_tokenizer_file, flatten
 
 BYTE_LEVEL = "ByteLevel"
 HUGGING_FACE = "HuggingFaceTokenizer"
@@ -55,19 +55,25 @@ class TokenizerSpec:
     vocab_size: int | None = None
     tiktoken_pattern: str | None = None
 
+    def missing(self) -> list[str]:
+        """The fields this type needs that are not given."""
+        needs = {GPT2_BPE: ("vocab_file", "merge_file"), NULL: ("vocab_size",), BYTE_LEVEL: ()}.get(
+            self.kind, ("path",))
+        return [name for name in needs if getattr(self, name) is None]
+
     def load(self) -> Tokenizer:
         if self.kind == BYTE_LEVEL:
             return ByteLevelTokenizer()
         if self.kind == NULL:
             return NullTokenizer(self.vocab_size or 0)
         if self.kind == GPT2_BPE:
-            from mmfs.tools.preprocess.tokenizer_gpt2 import GPT2BPETokenizer
+            from mmfs.text.tokenizer_gpt2 import GPT2BPETokenizer
             return GPT2BPETokenizer(self.vocab_file or "", self.merge_file or "")
         if self.kind in SENTENCEPIECE_TYPES:
-            from mmfs.tools.preprocess.tokenizer_sentencepiece import SentencePieceTokenizer
+            from mmfs.text.tokenizer_sentencepiece import SentencePieceTokenizer
             return SentencePieceTokenizer(self.path or "")
         if self.kind == TIKTOKEN:
-            from mmfs.tools.preprocess.tokenizer_tiktoken import TikTokenizer
+            from mmfs.text.tokenizer_tiktoken import TikTokenizer
             return TikTokenizer(self.path or "", self.vocab_size, self.tiktoken_pattern)
         return HuggingFaceTokenizer(self.path or "")
 

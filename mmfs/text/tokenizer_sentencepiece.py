@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmfs.errors import PreprocessError
-from mmfs.tools.preprocess.tokenizer_base import Tokenizer, check_tokenizer_file, flatten
+from mmfs.text.tokenizer_base import Tokenizer, check_tokenizer_file, flatten
 
 
 class SentencePieceTokenizer(Tokenizer):

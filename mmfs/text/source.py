@@ -1,4 +1,5 @@
-"""The JSONL input, read as chunks of raw lines (plain, .gz or .zst), in bounded memory.
+"""The text input, read as chunks in bounded memory: JSONL as raw lines (plain, .gz or
+.zst), Parquet as records of the wanted columns (see parquet.py).
 
 Lines are split as Megatron's tool sees them: it iterates a text-mode file, so
 "\\n", "\\r\\n" and a lone "\\r" each end a line.
@@ -11,6 +12,7 @@ import io
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from mmfs.errors import PreprocessError
 
@@ -20,12 +22,23 @@ CHUNK_BYTES = 1 << 17
 CHUNK_LINES = 4096
 
 
+PARQUET_SUFFIX = ".parquet"
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+# What a text dataset path of a config ends with (anything else is an IndexedDataset).
+TEXT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", PARQUET_SUFFIX)
+
+
+def is_text_input(path: str) -> bool:
+    return path.endswith(TEXT_SUFFIXES)
+
+
 @dataclass
 class Chunk:
-    """Consecutive input lines; first_line is the 1-based number of lines[0]."""
+    """Consecutive documents, first_line being the 1-based line (or row) number of the
+    first: JSONL lines as read, or (Parquet) records already holding the keys."""
 
     first_line: int
-    lines: list[bytes]
+    lines: list[bytes] | list[dict[str, Any]]
     nbytes: int
 
 
@@ -88,9 +101,9 @@ class _ZstdFrames(io.RawIOBase):
 def open_input(path: str) -> io.BufferedIOBase:
     """Open the input for binary reading, decompressing by extension; one-line errors."""
     if os.path.isdir(path):
-        raise PreprocessError(f"{path}: is a directory; --input takes a .jsonl (.gz, .zst) file")
+        raise PreprocessError(f"{path}: is a directory; --input takes a .jsonl (.gz, .zst) or .parquet file")
     try:
-        if path.endswith((".gz", ".zst")):
+        if path.endswith(COMPRESSED_SUFFIXES):
             f = gzip.open(path, "rb") if path.endswith(".gz") else _open_zstd(path)
             f.peek(1)  # a file that does not decompress fails here, with its name
             return f

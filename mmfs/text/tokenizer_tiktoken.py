@@ -13,7 +13,7 @@ import json
 import numpy as np
 
 from mmfs.errors import PreprocessError
-from mmfs.tools.preprocess.tokenizer_base import Tokenizer, check_tokenizer_file, flatten
+from mmfs.text.tokenizer_base import Tokenizer, check_tokenizer_file, flatten
 
 NUM_SPECIAL_TOKENS = 1000
 DEFAULT_VOCAB_SIZE = 2**17

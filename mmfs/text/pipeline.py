@@ -16,14 +16,15 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from mmfs.errors import PreprocessError
 from mmfs.formats.writer import IndexedDatasetWriter
-from mmfs.tools.preprocess.pool import OrderedPool
-from mmfs.tools.preprocess.source import Chunk
-from mmfs.tools.preprocess.tokenizer import Tokenizer, TokenizerSpec
+from mmfs.text.pool import OrderedPool
+from mmfs.text.source import Chunk
+from mmfs.text.tokenizer import Tokenizer, TokenizerSpec
 
 IN_FLIGHT_PER_WORKER = 2
 
@@ -61,17 +62,22 @@ class BadLine(PreprocessError):
     """A line that is not a JSON object with the wanted keys holding text."""
 
 
-def _texts(line: bytes, line_no: int, job: Job) -> list[list[str]]:
-    """Each key's texts of one line (a string is one text, a list several)."""
-    where = f"{job.input_name}:{line_no}"
+def _parse(line: bytes, where: str) -> Any:
     try:
-        data = json.loads(line.decode("utf-8"))
+        return json.loads(line.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise BadLine(f"{where}: not UTF-8 (byte {exc.start} of the line)") from None
     except json.JSONDecodeError as exc:
         raise BadLine(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
     except (ValueError, RecursionError) as exc:  # an integer of thousands of digits, deep nesting
         raise BadLine(f"{where}: malformed JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
+
+
+def _texts(line: bytes | dict, line_no: int, job: Job) -> list[list[str]]:
+    """Each key's texts of one line, or of one Parquet record (a string is one text,
+    a list several)."""
+    where = f"{job.input_name}:{line_no}"
+    data = line if isinstance(line, dict) else _parse(line, where)
     if not isinstance(data, dict):
         raise BadLine(f"{where}: not a JSON object")
     out = []
