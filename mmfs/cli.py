@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatch", type=int, help="one micro-batch of the iteration (default: all)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--text", action="store_true", help="decode each piece's tokens")
-    p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json for --text (needs `tokenizers`)")
+    p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json (or folder) for --text "
+                   "(default: the config's tokenizer.type)")
 
     p = sub.add_parser("resume-check", parents=[common],
                        help="does a job resumed on another layout read every sample exactly once?")

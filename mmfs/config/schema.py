@@ -25,15 +25,17 @@ from mmfs.config.rampup import (
 )
 from mmfs.config.safe_yaml import read_yaml, show
 from mmfs.config.storage import parse_storage
+from mmfs.config.tokenizer import TokenizerBlock, parse_tokenizer
 from mmfs.errors import ConfigError
 from mmfs.formats import dataset_problem, dataset_stem
-from mmfs.storage import StorageUnavailable, scheme_of
+from mmfs.storage import StorageError, StorageUnavailable, open_source, scheme_of
 from mmfs.storage.settings import StorageSettings
 from mmfs.storage.settings import configure as configure_storage
+from mmfs.text.dataset import TextDataset, text_dataset, text_stem
+from mmfs.text.source import is_text_input
+from mmfs.text.tokenizer import TokenizerSpec
 
 SPLITS = ("train", "valid", "test")
-
-DEFAULT_TOKENIZER_CLASS = "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText"
 
 TOP_LEVEL_KEYS = {
     "datasets",
@@ -53,10 +55,9 @@ TOP_LEVEL_KEYS = {
     "training",
     "storage",
 }
-DATASET_KEYS = {"path", "weight", "name"}
+DATASET_KEYS = {"path", "weight", "name", "json_key"}
 INT64_MAX = 2**63 - 1  # Megatron holds sample counts and token ids in int64
 MAX_SURPLUS = 1e9  # far above any use; keeps (1 + surplus) * samples finite
-TOKENIZER_KEYS = {"eod", "pad", "vocab_size", "class", "tokenizer_path", "unique_identifiers"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class DatasetSpec:
     file: str  # where it is on disk (relative paths resolved against the YAML folder)
     name: str
     weight: float | None
+    json_key: str | None = None  # a text dataset's JSON key or Parquet column (None: not text)
+    text: TextDataset | None = None  # a text dataset's tokenization: `file` is then its output
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class Config:
     # The keys a split's sample count comes from, where not `samples.<split>`.
     sample_keys: dict[str, str] = field(default_factory=dict)
     storage: StorageSettings = field(default_factory=StorageSettings)  # the `storage:` block
+    tokenizer: TokenizerSpec | None = None  # `tokenizer.type` and its files, when given
 
     def samples_key(self, split: str) -> str:
         """What to change to change the split's sample count."""
@@ -131,7 +135,14 @@ class Config:
         def blend_dict(b: Blend | None):
             if b is None:
                 return None
-            return [{"path": d.path, "name": d.name, "weight": d.weight} for d in b.datasets]
+            return [{"path": d.path, "name": d.name, "weight": d.weight,
+                     **({} if d.text is None else {"json_key": d.json_key, "tokenized": d.file})}
+                    for d in b.datasets]
+
+        spec = self.tokenizer
+        tokenizer = {} if spec is None else {
+            "type": spec.kind, "model": spec.path, "vocab_file": spec.vocab_file, "merge_file": spec.merge_file,
+            "tiktoken_pattern": spec.tiktoken_pattern}
 
         return {
             "config_file": self.path,
@@ -146,7 +157,7 @@ class Config:
             "add_extra_token_to_sequence": self.add_extra_token,
             "drop_last_partial_validation_sequence": self.drop_last_partial_validation_sequence,
             "mid_level_dataset_surplus": self.mid_level_dataset_surplus,
-            "tokenizer": {"eod": self.eod, "pad": self.pad, **self.tokenizer_identifiers},
+            "tokenizer": {"eod": self.eod, "pad": self.pad, **self.tokenizer_identifiers, **tokenizer},
             "cache_dir": self.cache_dir,
             "training": None if self.training is None else self.training.as_dict(),
             "storage": dataclasses.asdict(self.storage),
@@ -265,6 +276,30 @@ def dataset_file(path: str, base_dir: str) -> str:
     return os.path.normpath(os.path.join(base_dir, path))
 
 
+def _json_key(entry: dict, file: str, checker: _Checker, where: str) -> str | None:
+    """The key a text dataset is tokenized from (None for an IndexedDataset or .pbin)."""
+    if not is_text_input(file):
+        if entry.get("json_key") is not None:
+            raise checker.fail(f"{where}.json_key", f"is for text datasets (.jsonl, .jsonl.gz, .jsonl.zst, "
+                                                    f".parquet); {file} is not one")
+        return None
+    key = entry.get("json_key", "text")
+    if not isinstance(key, str) or not key:
+        raise checker.fail(f"{where}.json_key", f"expected a JSON key or Parquet column name, got {show(key)}")
+    return key
+
+
+def text_problem(file: str) -> str | None:
+    """Why a text dataset's file cannot be read (None: it can)."""
+    try:
+        open_source(file)
+    except StorageUnavailable:
+        raise
+    except StorageError as exc:
+        return str(exc)
+    return None
+
+
 def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blend:
     if isinstance(value, str):
         value = _parse_data_path(value, checker, key)
@@ -282,8 +317,9 @@ def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blen
             raise checker.fail(f"{where}.path", "missing: the dataset prefix or .pbin file")
         path = checker.path_text(entry.get("path"), f"{where}.path", "the dataset prefix or .pbin file")
         file = dataset_file(path, base_dir)
+        json_key = _json_key(entry, file, checker, where)
         try:
-            problem = dataset_problem(file)
+            problem = text_problem(file) if json_key is not None else dataset_problem(file)
         except StorageUnavailable as exc:
             raise checker.fail(f"{where}.path", str(exc)) from None
         if problem is not None:
@@ -297,14 +333,14 @@ def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blen
                 )
         name = entry.get("name")
         if name is None:
-            name = os.path.basename(dataset_stem(file))
+            name = text_stem(file) if json_key is not None else os.path.basename(dataset_stem(file))
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._+-]{1,255}", name) \
                 or name in (".", ".."):
             raise checker.fail(
                 f"{where}.name",
                 f"{show(name)} is not a usable name (1 to 255 letters, digits, . _ + -)"
             )
-        specs.append(DatasetSpec(path=path, file=file, name=name, weight=weight))
+        specs.append(DatasetSpec(path=path, file=file, name=name, weight=weight, json_key=json_key))
     with_weight = [s.weight is not None for s in specs]
     if any(with_weight) and not all(with_weight):
         missing = with_weight.index(False)
@@ -353,46 +389,23 @@ def _parse_samples(value: Any, checker: _Checker) -> dict[str, int | None]:
     return out
 
 
-def _parse_tokenizer(value: Any, checker: _Checker) -> tuple[int | None, int | None, dict]:
-    if value is None:
-        raise checker.fail("tokenizer", "missing: Megatron needs a tokenizer; give at least its "
-                                        "end-of-document id, e.g. {eod: 50256, pad: null}")
-    if not isinstance(value, dict):
-        raise checker.fail("tokenizer", "expected a mapping {eod: ID, pad: ID or null}")
-    checker.unknown_keys(value, TOKENIZER_KEYS, "tokenizer.")
-    eod = value.get("eod")
-    if eod is None:
-        raise checker.fail("tokenizer.eod", "missing: the tokenizer's end-of-document token id, "
-                                            "e.g. 50256 (mmfs.json gives it to loaders)")
-    int64 = " (int64, as Megatron holds token ids)"
-    eod = checker.integer(eod, "tokenizer.eod", minimum=0, why=int64)
-    pad = value.get("pad")
-    pad = None if pad is None else checker.integer(pad, "tokenizer.pad", minimum=-1, why=int64)
-    if pad == -1:
-        pad = None  # Megatron's "no pad"
-    vocab = value.get("vocab_size")
-    vocab = None if vocab is None else checker.integer(vocab, "tokenizer.vocab_size", minimum=1,
-                                                        why=int64)
-    if not isinstance(value.get("class", ""), str) or value.get("class") == "":
-        raise checker.fail("tokenizer.class", f"expected a class name, got {show(value['class'])}")
-    if not isinstance(value.get("tokenizer_path", ""), (str, type(None))):
-        raise checker.fail("tokenizer.tokenizer_path",
-                           f"expected a path or null, got {show(value['tokenizer_path'])}")
-    custom = value.get("unique_identifiers")
-    if custom is not None:
-        if not isinstance(custom, dict):
-            raise checker.fail("tokenizer.unique_identifiers", "expected a mapping")
-        return eod, pad, dict(custom)
-    # What megatron-core's default text tokenizer puts into the cache description
-    # (strings, as it stores them).
-    identifiers = {
-        "class": value.get("class", DEFAULT_TOKENIZER_CLASS),
-        "tokenizer_path": value.get("tokenizer_path"),
-        "vocab_size": None if vocab is None else str(vocab),
-        "eod_id": None if eod is None else str(eod),
-        "pad_id": str(-1 if pad is None else pad),
-    }
-    return eod, pad, identifiers
+def _with_texts(blend: Blend, tokenizer: TokenizerBlock, folder: str, checker: _Checker, key: str) -> Blend:
+    """The blend with each text dataset pointing at its tokenized IndexedDataset in
+    `folder` (tokenized when the corpus is opened; see megatron/tokenized.py)."""
+    specs = []
+    for i, d in enumerate(blend.datasets):
+        if d.json_key is not None:
+            if tokenizer.spec is None:
+                raise checker.fail(f"{key}[{i}].path", "a text dataset is tokenized with the config's tokenizer: "
+                                                       "give tokenizer.type (and its model, or vocab_file and "
+                                                       "merge_file)")
+            try:
+                text = text_dataset(d.file, d.json_key, tokenizer.spec, tokenizer.append_eod, folder)
+            except StorageError as exc:
+                raise checker.fail(f"{key}[{i}].path", str(exc)) from None
+            d = replace(d, file=text.prefix, text=text)
+        specs.append(d)
+    return Blend(tuple(specs))
 
 
 def _check_weighted_sizes(blend: Blend | None, blend_per_split: dict | None,
@@ -472,11 +485,17 @@ def load_config(path: str) -> Config:
     if not 0 <= surplus <= MAX_SURPLUS:
         raise checker.fail("mid_level_dataset_surplus",
                            f"must be between 0 and {MAX_SURPLUS:g}, got {surplus}")
-    eod, pad, identifiers = _parse_tokenizer(raw.get("tokenizer"), checker)
+    tokenizer = parse_tokenizer(raw.get("tokenizer"), checker, base_dir)
     cache_dir = raw.get("cache_dir")
     if cache_dir is not None:
         cache_dir = checker.path_text(cache_dir, "cache_dir", "a directory path")
         cache_dir = os.path.normpath(os.path.join(base_dir, cache_dir))
+    text_folder = os.path.join(cache_dir or storage.cache_folder, "text")
+    if blend is not None:
+        blend = _with_texts(blend, tokenizer, text_folder, checker, label)
+    else:
+        blend_per_split = {s: b and _with_texts(b, tokenizer, text_folder, checker, f"blend_per_split.{s}")
+                           for s, b in blend_per_split.items()}
     training = with_schedule(parse_training(raw.get("training"), checker), sequence_length, checker)
     given = _parse_samples(raw.get("samples"), checker)
     samples = samples_with_training(given, training, checker)
@@ -497,14 +516,15 @@ def load_config(path: str) -> Config:
             "drop_last_partial_validation_sequence",
         ),
         mid_level_dataset_surplus=surplus,
-        eod=eod,
-        pad=pad,
-        tokenizer_identifiers=identifiers,
+        eod=tokenizer.eod,
+        pad=tokenizer.pad,
+        tokenizer_identifiers=tokenizer.identifiers,
         cache_dir=cache_dir,
         raw=raw,
         training=training,
         sample_keys=sample_keys,
         storage=storage,
+        tokenizer=tokenizer.spec,
     )
 
 

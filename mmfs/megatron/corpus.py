@@ -19,6 +19,7 @@ from mmfs.megatron.arrays import ArrayPlacer
 from mmfs.megatron.builder import Builder, SplitIndices
 from mmfs.megatron.npyfile import HeaderFileLied
 from mmfs.megatron.reader import SplitReader, TokenSource
+from mmfs.megatron.tokenized import ensure_tokenized
 from mmfs.storage import scheme_of
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,9 @@ def _open_corpus(config_path: str, progress: bool, map_limit_mb: int | None,
     t0 = time.perf_counter()
     config = load_config(config_path)
     specs = config.all_datasets
+    for spec in specs:
+        if spec.text is not None:
+            ensure_tokenized(spec.text)
     by_file = {spec.file: open_dataset(spec.file) for spec in specs}
     entries = [DatasetEntry(spec.name, spec.path, by_file[spec.file]) for spec in specs]
     sampling_log = logging.getLogger("mmfs.megatron")

@@ -84,7 +84,7 @@ def _texts(line: bytes | dict, line_no: int, job: Job) -> list[list[str]]:
     for key in job.keys:
         if key not in data:
             raise BadLine(f"{where}: no key {key!r} (keys: {', '.join(map(repr, list(data)[:5]))}); "
-                          "check --json-keys")
+                          "check the key (--json-keys, or json_key in the config)")
         text = data[key]
         texts = text if isinstance(text, list) else [text]
         if not all(isinstance(t, str) for t in texts):

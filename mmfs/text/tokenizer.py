@@ -104,6 +104,9 @@ class NullTokenizer(Tokenizer):
                              f"vocabulary of {self.vocab_size}")
         return tokens, lengths
 
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
 
 class ByteLevelTokenizer(Tokenizer):
     """Token = byte of the text's UTF-8 encoding; EOD = 256; vocabulary 257."""
@@ -117,6 +120,19 @@ class ByteLevelTokenizer(Tokenizer):
         data = [t.encode("utf-8") for t in texts]
         lengths = np.fromiter(map(len, data), dtype=np.int64, count=len(data))
         return np.frombuffer(b"".join(data), dtype=np.uint8).astype(np.int64), lengths
+
+    def decode(self, ids: list[int]) -> str:
+        """Runs of bytes as UTF-8; eod as <|eod|>, any other id above a byte as <|id|>."""
+        parts, run = [], []
+        for t in ids:
+            if t < 256:
+                run.append(t)
+                continue
+            parts.append(bytes(run).decode("utf-8", errors="replace"))
+            run = []
+            parts.append("<|eod|>" if t == BYTE_EOD else f"<|{t}|>")
+        parts.append(bytes(run).decode("utf-8", errors="replace"))
+        return "".join(parts)
 
 
 def _special_token(value, added_token_class):
@@ -195,3 +211,6 @@ class HuggingFaceTokenizer(Tokenizer):
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         return flatten([e.ids for e in self._encode(texts, add_special_tokens=True)])
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=False)

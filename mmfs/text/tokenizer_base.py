@@ -46,3 +46,7 @@ class Tokenizer:
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(all ids back to back as int64, the number of ids of each text)."""
         raise NotImplementedError
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of `ids`, special tokens written out (for `mmfs which --text`)."""
+        raise NotImplementedError

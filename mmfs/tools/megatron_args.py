@@ -20,9 +20,8 @@ from typing import Any
 
 import yaml
 
+from mmfs.config.tokenizer import DEFAULT_TOKENIZER_CLASS
 from mmfs.errors import MmfsError
-
-DEFAULT_TOKENIZER_CLASS = "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText"
 
 
 class MegatronArgsError(MmfsError):

@@ -22,7 +22,7 @@ from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
 from mmfs.megatron.rankplan import plan_ranks, stream_microbatch
 from mmfs.mount.contract import MANIFEST, file_name, name_width, rank_dir, rank_name_width
-from mmfs.text.tokenizer_base import check_tokenizer_file
+from mmfs.text.tokenizer import BYTE_EOD, BYTE_LEVEL, HUGGING_FACE, TokenizerSpec
 
 
 class WhichError(MmfsError):
@@ -141,36 +141,20 @@ def _sample(reader, datasets: dict, i: int, decode) -> dict[str, Any]:
 # -- decoding --------------------------------------------------------------------------
 
 
-def make_decoder(tokenizer_json: str | None, vocab_size: int | None, eod: int | None):
-    """tokens -> text: a Hugging Face tokenizer.json, or byte-level (token = byte)."""
+def make_decoder(tokenizer_json: str | None, config_tokenizer: TokenizerSpec | None, vocab_size: int | None):
+    """tokens -> text, with --tokenizer (a Hugging Face tokenizer.json or folder), else
+    the config's `tokenizer.type`, else byte-level (token = byte, the demo's)."""
     if tokenizer_json:
-        check_tokenizer_file(tokenizer_json, "tokenizer.json")
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise MmfsError("--tokenizer needs the `tokenizers` package: pip install 'mmfs[text]'") from None
-        try:
-            tok = Tokenizer.from_file(tokenizer_json)
-        except Exception as exc:  # the library raises its own exception types
-            raise MmfsError(f"{tokenizer_json}: not a usable tokenizer.json: {exc}") from None
-        return lambda tokens: tok.decode([int(x) for x in tokens], skip_special_tokens=False)
-    if vocab_size is None or vocab_size > 257:
-        raise MmfsError("--text: give --tokenizer tokenizer.json (byte-level decoding is only for "
-                        "vocabularies of at most 257 tokens, like the demo corpus)")
-
-    def byte_level(tokens) -> str:
-        parts, run = [], []
-        for t in np.asarray(tokens).tolist():
-            if t < 256:
-                run.append(t)
-                continue
-            parts.append(bytes(run).decode("utf-8", errors="replace"))
-            run = []
-            parts.append("<|eod|>" if t == eod else f"<|{t}|>")
-        parts.append(bytes(run).decode("utf-8", errors="replace"))
-        return "".join(parts)
-
-    return byte_level
+        spec = TokenizerSpec(HUGGING_FACE, os.path.abspath(tokenizer_json))
+    elif config_tokenizer is not None:
+        spec = config_tokenizer
+    elif vocab_size is None or vocab_size > BYTE_EOD + 1:
+        raise MmfsError("--text: give --tokenizer tokenizer.json, or tokenizer.type (and its model) in the config "
+                        "(byte-level decoding is only for vocabularies of at most 257 tokens, like the demo corpus)")
+    else:
+        spec = TokenizerSpec(BYTE_LEVEL)
+    tokenizer = spec.load()
+    return lambda tokens: tokenizer.decode(np.asarray(tokens).tolist())
 
 
 # -- the command -----------------------------------------------------------------------
@@ -208,7 +192,7 @@ def which_command(args) -> int:
 
         cfg = load_config(config)
         vocab = cfg.tokenizer_identifiers.get("vocab_size")
-        decode = make_decoder(args.tokenizer, None if vocab is None else int(vocab), cfg.eod)
+        decode = make_decoder(args.tokenizer, cfg.tokenizer, None if vocab is None else int(vocab))
     result = which(args.target, args.iteration, args.split, args.rank, args.microbatch, decode,
                    consumed=args.consumed)
     if args.json:
