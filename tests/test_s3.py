@@ -425,3 +425,26 @@ def test_a_remote_mount_prefetches_the_next_files_in_order(tmp_path, proxy):
         assert time.perf_counter() - t0 >= 0.05
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp_path / "s3.log")
+
+
+def test_a_text_dataset_in_a_bucket_is_tokenized_once_per_etag(tmp_path, server, proxy):
+    preprocess = Path(__file__).parent / "golden" / "preprocess"
+    corpus = (preprocess / "corpus.jsonl").read_bytes()
+    server.put(BUCKET, "text/corpus.jsonl", corpus)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({
+        "datasets": [{"path": remote("text/corpus.jsonl")}], "sequence_length": 64,
+        "tokenizer": {"type": "HuggingFaceTokenizer", "model": str(preprocess / "hf_tokenizer")},
+        "storage": {"endpoint_url": proxy.url, "cache_dir": str(tmp_path / "storage")}}))
+    first = mmfs("build", config)
+    assert first.returncode == 0 and "tokenizing s3://golden/text/corpus.jsonl" in first.stderr, first.stderr
+    [idx] = (tmp_path / "storage" / "text").glob("corpus-*_text_document.idx")
+    for ext in (".bin", ".idx"):  # Megatron's tools/preprocess_data.py output of the same file
+        assert idx.with_suffix(ext).read_bytes() == (preprocess / f"hf_text_document{ext}").read_bytes()
+    assert not list((tmp_path / "storage" / "objects").glob("*corpus.jsonl*"))  # the copy is dropped
+    again = mmfs("build", config)
+    assert again.returncode == 0 and "tokenizing" not in again.stderr, again.stderr
+    server.put(BUCKET, "text/corpus.jsonl", corpus.replace(b"the", b"The"))  # a new ETag
+    changed = mmfs("build", config)
+    assert changed.returncode == 0 and "tokenizing" in changed.stderr, changed.stderr
+    assert len(list((tmp_path / "storage" / "text").glob("corpus-*_text_document.idx"))) == 2

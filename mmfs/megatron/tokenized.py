@@ -9,15 +9,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
 import sys
 
-from mmfs.errors import CacheError
+from mmfs.errors import CacheError, PreprocessError
 from mmfs.megatron.cachelock import try_lock, wait_unlocked
 from mmfs.storage import open_source, scheme_of
 from mmfs.text.dataset import TextDataset
-from mmfs.text.tokenize import TextJob, tokenize_file
 
 log = logging.getLogger("mmfs")
+
+PROGRESS_EVERY = 100_000  # documents between progress lines
+ERROR_PREFIX = "mmfs: error: "  # how the CLI prints a user's mistake
 
 
 def _done(text: TextDataset) -> bool:
@@ -47,16 +50,41 @@ def ensure_tokenized(text: TextDataset) -> str:
     return text.prefix
 
 
+def preprocess_args(text: TextDataset, input_path: str) -> list[str]:
+    """The `mmfs preprocess` command line that writes `text`'s pair."""
+    spec = text.tokenizer
+    flags = {"--input": input_path, "--output-prefix": text.output_prefix, "--json-keys": text.json_key,
+             "--tokenizer-type": spec.kind, "--tokenizer-model": spec.path, "--vocab-file": spec.vocab_file,
+             "--merge-file": spec.merge_file, "--vocab-size": spec.vocab_size,
+             "--tiktoken-pattern": spec.tiktoken_pattern, "--workers": len(os.sched_getaffinity(0)),
+             "--log-interval": PROGRESS_EVERY}
+    # FLAG=VALUE: a key or a path may begin with "-"
+    return ["preprocess", *(f"{k}={v}" for k, v in flags.items() if v is not None)] + \
+        (["--append-eod"] if text.append_eod else []) + ([] if log.isEnabledFor(logging.INFO) else ["-q"])
+
+
 def _tokenize(text: TextDataset) -> None:
+    """Run `mmfs preprocess` in a child process: its worker processes, and the
+    machinery multiprocessing starts for them, end with it, and never live on in a
+    mount daemon forked from this process (holding the caller's stderr open)."""
     remote = scheme_of(text.source) is not None
     # A text in a bucket is copied whole into the cache (gzip, zstd and Parquet
     # readers want a file), and the copy is dropped once tokenized.
     local = open_source(text.source, whole=True).path if remote else text.source
     log.info("tokenizing %s (key %r, %s) into %s", text.source, text.json_key, text.tokenizer.kind, text.prefix)
-    job = TextJob(local, text.tokenizer, (text.json_key,), text.append_eod,
-                  workers=len(os.sched_getaffinity(0)))
     try:
-        tokenize_file(job, text.output_prefix, progress_bar=sys.stderr.isatty() and log.isEnabledFor(logging.INFO))
+        child = subprocess.Popen([sys.executable, "-m", "mmfs.cli", *preprocess_args(text, local)],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True, errors="replace")
+        error = None
+        for line in child.stderr:  # progress passes through; the error line is ours to raise
+            if line.startswith(ERROR_PREFIX):
+                error = line[len(ERROR_PREFIX):].strip()
+            else:
+                sys.stderr.write(line)
+        if child.wait() != 0:
+            raise PreprocessError(error or f"{text.source}: tokenizing failed (exit code {child.returncode}); "
+                                           f"run mmfs {' '.join(preprocess_args(text, local))} to see why")
     finally:
         if remote:
             with contextlib.suppress(OSError):
