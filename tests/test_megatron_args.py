@@ -108,6 +108,7 @@ EXAMPLES = {
 def test_megatrons_example_launch_lines_give_configs_that_load(tmp_path, name):
     folder = _folder(tmp_path)
     (folder / "vocab.json").write_text(json.dumps({"!": 0, "<|endoftext|>": 50256}))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
     (folder / "splits.json").write_text(json.dumps({"train": "1 data/u16_docs", "valid": ["data/u16_small"],
                                                     "test": None}))
     config = load_config(str(_from_megatron(folder, *EXAMPLES[name])))
@@ -128,7 +129,9 @@ def test_megatrons_example_launch_lines_give_configs_that_load(tmp_path, name):
     (["--mock-data", "--seq-length", "8"], "--mock-data: mmfs cannot serve it"),
     (["--data-path", "data/u16_docs", "--seq-length", "8", "--micro-batch-size", "1"], "--tokenizer-type: missing"),
     (["--data-path", "data/u16_docs", "--seq-length", "8", "--tokenizer-type", "TikTokenizer"],
-     "--tokenizer-type: TikTokenizer"),
+     "--tokenizer-model: missing: TikTokenizer loads it"),
+    (["--data-path", "data/u16_docs", "--seq-length", "8", "--tokenizer-type", "BertWordPieceCase"],
+     "--tokenizer-type: BertWordPieceCase: mmfs knows"),
     (["--data-path", "data/u16_docs", "--seq-length", "8", "--tokenizer-type", "NullTokenizer",
       "--vocab-size", "9", "--micro-batch-size", "1", "--world-size", "6", "--tensor-model-parallel-size", "4"],
      "--world-size: 6 is not a multiple"),
@@ -141,7 +144,7 @@ def test_megatrons_example_launch_lines_give_configs_that_load(tmp_path, name):
     (["--data-path", "data/u16_docs", "--seq-length", "8", "--tokenizer-type", "NullTokenizer",
       "--vocab-size", "9", "--micro-batch-size", "1", "--dataloader-type", "external"], "--dataloader-type: external"),
     (["--data-path", "data/u16_docs", "--seq-length", "8", "--tokenizer-type", "GPT2BPETokenizer",
-      "--vocab-file", "nothere.json"], "--vocab-file: nothere.json"),
+      "--vocab-file", "nothere.json", "--merge-file", "merges.txt"], "--vocab-file: "),
 ])
 def test_arguments_mmfs_cannot_honour_are_one_line(tmp_path, args, words):
     proc = mmfs("config", "--from-megatron", *args, cwd=_folder(tmp_path))

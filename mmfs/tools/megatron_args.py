@@ -12,7 +12,6 @@ arguments from a file, any number per line, with shell quoting and `#` comments
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
@@ -22,6 +21,7 @@ import yaml
 
 from mmfs.config.tokenizer import DEFAULT_TOKENIZER_CLASS
 from mmfs.errors import MmfsError
+from mmfs.text.tokenizer import BYTE_LEVEL, TOKENIZER_TYPES, TokenizerSpec, eod_and_pad
 
 
 class MegatronArgsError(MmfsError):
@@ -36,9 +36,9 @@ HONOURED = {
     "--step-batch-size-schedule": 1, "--train-iters": 1, "--train-samples": 1, "--eval-interval": 1,
     "--eval-iters": 1, "--dataloader-type": 1, "--no-data-sharding": 0, "--data-cache-path": 1,
     "--mid-level-dataset-surplus": 1, "--tokenizer-type": 1, "--tokenizer-model": 1, "--vocab-size": 1,
-    "--vocab-file": 1, "--null-tokenizer-eod-id": 1, "--null-tokenizer-pad-id": 1,
+    "--vocab-file": 1, "--merge-file": 1, "--tiktoken-pattern": 1, "--null-tokenizer-eod-id": 1, "--null-tokenizer-pad-id": 1,
     "--world-size": 1, "--tensor-model-parallel-size": 1, "--pipeline-model-parallel-size": 1,
-    "--context-parallel-size": 1, "--nproc_per_node": 1, "--nproc-per-node": 1, "--nnodes": 1,
+    "--context-parallel-size": 1, "--object-storage-cache-path": 1, "--nproc_per_node": 1, "--nproc-per-node": 1, "--nnodes": 1,
 }
 # Data arguments that do not change which samples Megatron reads, with why.
 NOTED = {
@@ -52,7 +52,6 @@ NOTED = {
     "--no-mmap-bin-files": "how Megatron reads the .bin files, not what it reads",
     "--dataloader-fast-cache-load": "how Megatron loads its index cache, not what it holds",
     "--dataloader-defer-npy-index-mmap": "how Megatron loads its index cache, not what it holds",
-    "--merge-file": "the GPT-2 merges do not change the end-of-document id",
     "--make-vocab-size-divisible-by": "pads the model's embedding, not the data",
 }
 # Data arguments whose samples mmfs does not serve.
@@ -71,7 +70,6 @@ REFUSED = {
     "--start-eval-at-iter": "mmfs derives the validation count from every eval interval",
     "--hybrid-context-parallel": "its samples are packed by Megatron",
     "--allow-ambiguous-pad-tokens": "mmfs keeps megatron-core's default pad handling",
-    "--object-storage-cache-path": "give the datasets as local paths (or mmfs's storage: block)",
     "--tokenizer-metadata": "give the tokenizer by --tokenizer-type and its files",
 }
 
@@ -182,32 +180,29 @@ def tokenizer_block(values: dict) -> dict[str, Any]:
         if "--null-tokenizer-pad-id" in values:
             ids["pad_id"] = str(pad)
         return {"eod": eod, "pad": None if pad == -1 else pad, "vocab_size": vocab, "unique_identifiers": ids}
-    if kind == "GPT2BPETokenizer":
-        vocab_file = values.get("--vocab-file")
-        if vocab_file is None:
-            raise MegatronArgsError("--vocab-file: missing: GPT2BPETokenizer reads <|endoftext|> from it")
-        try:
-            with open(vocab_file, encoding="utf-8") as f:
-                eod = json.load(f)["<|endoftext|>"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise MegatronArgsError(f"--vocab-file: {vocab_file}: no <|endoftext|> id in a JSON vocabulary "
-                                    f"({type(exc).__name__}: {exc})") from None
-        return {"eod": eod, "pad": None}
-    if kind == "HuggingFaceTokenizer":
-        model = values.get("--tokenizer-model")
-        if model is None:
-            raise MegatronArgsError("--tokenizer-model: missing: HuggingFaceTokenizer loads it")
-        from mmfs.text.tokenizer import HuggingFaceTokenizer
-
-        try:
-            tok = HuggingFaceTokenizer(model)
-        except MmfsError as exc:
-            raise MegatronArgsError(f"--tokenizer-model: {exc}") from None
-        if tok.eod is None:
-            raise MegatronArgsError(f"--tokenizer-model: {model} has no eos (or sep) token for Megatron's eod")
-        return {"eod": tok.eod, "pad": None}
-    raise MegatronArgsError(f"--tokenizer-type: {kind}: mmfs reads the eod id of NullTokenizer, GPT2BPETokenizer "
-                            "and HuggingFaceTokenizer; write the tokenizer: block (eod, pad) by hand")
+    if kind not in TOKENIZER_TYPES or kind == BYTE_LEVEL:
+        raise MegatronArgsError(f"--tokenizer-type: {kind}: mmfs knows Megatron's preprocessing types "
+                                f"({', '.join(t for t in TOKENIZER_TYPES if t != BYTE_LEVEL)}); write the "
+                                "tokenizer: block (eod, pad) by hand")
+    # The tokenizer itself, as the config names it: eod and pad are read from it once
+    # here, as the config would (writing them saves loading it whenever the config is read).
+    block = {"type": kind, "model": values.get("--tokenizer-model"), "vocab_file": values.get("--vocab-file"),
+             "merge_file": values.get("--merge-file"), "vocab_size": _int(values, "--vocab-size"),
+             "tiktoken_pattern": values.get("--tiktoken-pattern")}
+    spec = TokenizerSpec(kind, block["model"], block["vocab_file"], block["merge_file"], block["vocab_size"],
+                         block["tiktoken_pattern"])
+    for field in spec.missing():
+        flag = "--tokenizer-model" if field == "path" else f"--{field.replace('_', '-')}"
+        raise MegatronArgsError(f"{flag}: missing: {kind} loads it")
+    try:
+        eod, pad = eod_and_pad(spec)
+    except MmfsError as exc:
+        flag = "--vocab-file" if spec.vocab_file else "--tokenizer-model"
+        raise MegatronArgsError(f"{flag}: {exc}") from None
+    if eod is None:
+        raise MegatronArgsError(f"--tokenizer-type: {kind}: the tokenizer has no end-of-document token for "
+                                "Megatron's eod")
+    return {k: v for k, v in block.items() if v is not None} | {"eod": eod, "pad": pad}
 
 
 def _blend_words(values: dict, flag: str) -> list[str] | None:
@@ -266,6 +261,8 @@ def to_config(argv: list[str], environ: dict | None = None) -> tuple[dict[str, A
     config["tokenizer"] = tokenizer_block(values)
     if "--data-cache-path" in values:
         config["cache_dir"] = values["--data-cache-path"]
+    if "--object-storage-cache-path" in values:  # where megatron-core keeps the .idx of s3:// and msc:// data
+        config["storage"] = {"cache_dir": values["--object-storage-cache-path"]}
     config["training"] = training_block(values, environ, comments)
     return config, comments
 
