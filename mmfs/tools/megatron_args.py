@@ -36,9 +36,11 @@ HONOURED = {
     "--step-batch-size-schedule": 1, "--train-iters": 1, "--train-samples": 1, "--eval-interval": 1,
     "--eval-iters": 1, "--dataloader-type": 1, "--no-data-sharding": 0, "--data-cache-path": 1,
     "--mid-level-dataset-surplus": 1, "--tokenizer-type": 1, "--tokenizer-model": 1, "--vocab-size": 1,
-    "--vocab-file": 1, "--merge-file": 1, "--tiktoken-pattern": 1, "--null-tokenizer-eod-id": 1, "--null-tokenizer-pad-id": 1,
+    "--vocab-file": 1, "--merge-file": 1, "--tiktoken-pattern": 1, "--null-tokenizer-eod-id": 1,
+    "--null-tokenizer-pad-id": 1,
     "--world-size": 1, "--tensor-model-parallel-size": 1, "--pipeline-model-parallel-size": 1,
-    "--context-parallel-size": 1, "--object-storage-cache-path": 1, "--nproc_per_node": 1, "--nproc-per-node": 1, "--nnodes": 1,
+    "--context-parallel-size": 1, "--object-storage-cache-path": 1, "--nproc_per_node": 1,
+    "--nproc-per-node": 1, "--nnodes": 1,
 }
 # Data arguments that do not change which samples Megatron reads, with why.
 NOTED = {
