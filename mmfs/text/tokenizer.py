@@ -18,14 +18,13 @@ so does this module:
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from mmfs.errors import PreprocessError
-from mmfs.text.tokenizer_base import Tokenizer, check_tokenizer_file, flatten
+from mmfs.text.tokenizer_base import Tokenizer, check_tokenizer_file, flatten, read_tokenizer_json
 
 BYTE_LEVEL = "ByteLevel"
 HUGGING_FACE = "HuggingFaceTokenizer"
@@ -162,14 +161,7 @@ def _locate(path: str) -> tuple[str, str | None]:
 def _read_config(path: str | None) -> dict:
     if path is None:
         return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PreprocessError(f"{path}: cannot read the tokenizer config ({exc}); fix or remove it") from None
-    if not isinstance(config, dict):
-        raise PreprocessError(f"{path}: not a JSON object; fix or remove it")
-    return config
+    return read_tokenizer_json(path, "tokenizer config", dict, "fix or remove it")
 
 
 class HuggingFaceTokenizer(Tokenizer):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from itertools import chain
 
@@ -25,6 +26,20 @@ def check_tokenizer_file(path: str, what: str) -> str:
     if problem is not None:
         raise PreprocessError(f"{path}: {problem}; give the {what} itself")
     return path
+
+
+def read_tokenizer_json(path: str, what: str, expected: type, hint: str):
+    """A tokenizer's JSON file holding an `expected` (dict or list), checked first as
+    check_tokenizer_file does; one line naming the file and `hint` otherwise."""
+    check_tokenizer_file(path, what)
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise PreprocessError(f"{path}: cannot read the {what} ({exc}); {hint}") from None
+    if not isinstance(value, expected):
+        raise PreprocessError(f"{path}: not a JSON {'object' if expected is dict else 'list'}; {hint}")
+    return value
 
 
 def flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -6,26 +6,19 @@ with the `tokenizers` package from the same two files."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from mmfs.errors import PreprocessError
-from mmfs.text.tokenizer_base import Tokenizer, check_tokenizer_file, flatten
+from mmfs.text.tokenizer_base import Tokenizer, check_tokenizer_file, flatten, read_tokenizer_json
 
 ENDOFTEXT = "<|endoftext|>"
 
 
 def _read_vocab(path: str) -> dict[str, int]:
-    check_tokenizer_file(path, "vocab.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            vocab = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PreprocessError(f"{path}: cannot read the vocabulary ({exc}); --vocab-file takes GPT-2's "
-                              "vocab.json") from None
-    if not isinstance(vocab, dict) or not all(isinstance(v, int) and v >= 0 for v in vocab.values()):
-        raise PreprocessError(f"{path}: not a JSON object of token -> id; --vocab-file takes GPT-2's vocab.json")
+    hint = "--vocab-file takes GPT-2's vocab.json"
+    vocab = read_tokenizer_json(path, "vocab.json", dict, hint)
+    if not all(isinstance(v, int) and v >= 0 for v in vocab.values()):
+        raise PreprocessError(f"{path}: not a JSON object of token -> id; {hint}")
     return vocab
 
 

@@ -8,12 +8,11 @@ default), of which the rank file must hold at least vocab_size - 1000 entries.""
 from __future__ import annotations
 
 import base64
-import json
 
 import numpy as np
 
 from mmfs.errors import PreprocessError
-from mmfs.text.tokenizer_base import Tokenizer, check_tokenizer_file, flatten
+from mmfs.text.tokenizer_base import Tokenizer, flatten, read_tokenizer_json
 
 NUM_SPECIAL_TOKENS = 1000
 DEFAULT_VOCAB_SIZE = 2**17
@@ -35,15 +34,8 @@ def special_tokens() -> list[str]:
 
 def _ranks(path: str, inner_vocab: int) -> dict[bytes, int]:
     """The first `inner_vocab` entries of the rank file, shifted past the special tokens."""
-    check_tokenizer_file(path, "TikToken rank file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            entries = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PreprocessError(f"{path}: cannot read the TikToken rank file ({exc}); --tokenizer-model takes "
-                              "Megatron's JSON list of {rank, token_bytes, token_str}") from None
-    if not isinstance(entries, list):
-        raise PreprocessError(f"{path}: not a JSON list of {{rank, token_bytes, token_str}}")
+    entries = read_tokenizer_json(path, "TikToken rank file", list,
+                                  "--tokenizer-model takes Megatron's JSON list of {rank, token_bytes, token_str}")
     if len(entries) < inner_vocab:
         raise PreprocessError(f"{path}: {len(entries)} ranks, fewer than --vocab-size minus {NUM_SPECIAL_TOKENS} "
                               f"({inner_vocab}); give --vocab-size {len(entries) + NUM_SPECIAL_TOKENS} or less")
