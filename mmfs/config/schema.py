@@ -28,7 +28,7 @@ from mmfs.config.storage import parse_storage
 from mmfs.config.tokenizer import TokenizerBlock, parse_tokenizer
 from mmfs.errors import ConfigError
 from mmfs.formats import dataset_problem, dataset_stem
-from mmfs.storage import StorageError, StorageUnavailable, open_source, scheme_of
+from mmfs.storage import StorageError, StorageUnavailable, scheme_of, source_failure
 from mmfs.storage.settings import StorageSettings
 from mmfs.storage.settings import configure as configure_storage
 from mmfs.text.dataset import TextDataset, text_dataset, text_stem
@@ -289,17 +289,6 @@ def _json_key(entry: dict, file: str, checker: _Checker, where: str) -> str | No
     return key
 
 
-def text_problem(file: str) -> str | None:
-    """Why a text dataset's file cannot be read (None: it can)."""
-    try:
-        open_source(file)
-    except StorageUnavailable:
-        raise
-    except StorageError as exc:
-        return str(exc)
-    return None
-
-
 def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blend:
     if isinstance(value, str):
         value = _parse_data_path(value, checker, key)
@@ -319,7 +308,8 @@ def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blen
         file = dataset_file(path, base_dir)
         json_key = _json_key(entry, file, checker, where)
         try:
-            problem = text_problem(file) if json_key is not None else dataset_problem(file)
+            failure = source_failure(file) if json_key is not None else None  # a text file: just there?
+            problem = dataset_problem(file) if json_key is None else None if failure is None else str(failure)
         except StorageUnavailable as exc:
             raise checker.fail(f"{where}.path", str(exc)) from None
         if problem is not None:

@@ -13,7 +13,7 @@ from mmfs.formats import indexed, packed
 from mmfs.formats.base import SequenceDataset
 from mmfs.formats.indexed import IndexedDataset
 from mmfs.formats.packed import PackedDataset
-from mmfs.storage import NotThere, StorageError, StorageUnavailable, open_source
+from mmfs.storage import NotThere, StorageError, StorageUnavailable, open_source, source_failure
 
 __all__ = ["FORMATS", "IndexedDataset", "PackedDataset", "dataset_problem", "dataset_stem",
            "open_dataset"]
@@ -83,25 +83,13 @@ def dataset_problem(path: str) -> str | None:
         return None
     fmt = _hinted(path)
     if fmt.name == "modalities-packed":
-        failure = _failure(path)
+        failure = source_failure(path)
         return None if failure is None else f"{path} {str(failure).removeprefix(f'{path}: ')}"
     prefix = indexed.prefix_of(path)
-    problems = {p: _failure(p) for p in (prefix + ".bin", prefix + ".idx")}
+    problems = {p: source_failure(p) for p in (prefix + ".bin", prefix + ".idx")}
     if all(isinstance(v, NotThere) for v in problems.values()):
         return f"no dataset at {path} (expected {path}.bin and {path}.idx, or a .pbin file)"
     return next((str(v) for v in problems.values() if v is not None), None)
-
-
-def _failure(path: str) -> StorageError | None:
-    """Why the source at `path` cannot be opened (None: it can)."""
-    try:
-        open_source(path)
-    except StorageUnavailable:
-        raise
-    except StorageError as exc:
-        return exc
-    return None
-
 
 
 def open_dataset(path: str | os.PathLike) -> SequenceDataset:

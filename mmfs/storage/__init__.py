@@ -31,3 +31,15 @@ def exists(path: str) -> bool:
     except StorageError:
         return False
     return True
+
+
+def source_failure(path: str) -> StorageError | None:
+    """Why the source at `path` cannot be opened (None: it can). StorageUnavailable
+    (the store cannot be asked at all) is raised, not returned."""
+    try:
+        open_source(path)
+    except StorageUnavailable:
+        raise
+    except StorageError as exc:
+        return exc
+    return None
