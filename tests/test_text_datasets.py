@@ -10,6 +10,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -202,3 +204,29 @@ def test_bad_text_is_one_line_naming_the_line_and_leaves_no_output(tmp_path):
     config = write_config(tmp_path, "rows.parquet", HF)  # json_key defaults to "text": not a column here
     proc = mmfs("build", config)
     assert proc.returncode == 2 and "no column 'text'" in proc.stderr and "'body'" in proc.stderr, proc.stderr
+
+
+def test_two_builds_at_once_tokenize_once(tmp_path):
+    shutil.copy(CORPUS, tmp_path / "corpus.jsonl")
+    config = write_config(tmp_path, "corpus.jsonl", HF)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    builds = [subprocess.Popen([sys.executable, "-m", "mmfs.cli", "build", str(config)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errs = [b.communicate(timeout=300)[1] for b in builds]
+    assert [b.returncode for b in builds] == [0, 0], errs
+    assert sum("tokenizing" in e for e in errs) == 1, errs
+    assert len(tokenized(tmp_path)) == 1 and not list((tmp_path / "cache" / "text").glob("*.lock"))
+
+
+def test_megatrons_data_path_string_takes_text_files(tmp_path):
+    shutil.copy(CORPUS, tmp_path / "a.jsonl")
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(CORPUS.read_bytes()))
+    config = write_config(tmp_path, "a.jsonl", HF, samples={"train": 500, "valid": 20, "test": 10})
+    raw = yaml.safe_load(config.read_text())
+    del raw["datasets"]
+    raw["data_path"] = "0.3 a.jsonl 0.7 b.jsonl.gz"
+    config.write_text(yaml.safe_dump(raw))
+    assert main(["-q", "build", str(config)]) == 0
+    outputs = tokenized(tmp_path)
+    assert [p.name.split("-")[0] for p in outputs] == ["a", "b"]
+    assert pair_bytes(outputs[0].with_suffix("")) == pair_bytes(outputs[1].with_suffix(""))
