@@ -49,7 +49,7 @@ def _spec(value: dict, checker, base_dir: str, vocab: int | None) -> TokenizerSp
     return spec
 
 
-def _from_tokenizer(spec: TokenizerSpec, value: dict, checker) -> tuple[int | None, int | None]:
+def _from_tokenizer(spec: TokenizerSpec, checker) -> tuple[int | None, int | None]:
     """The eod and pad Megatron takes from the tokenizer (loaded only when the block
     does not give both)."""
     try:
@@ -78,7 +78,7 @@ def parse_tokenizer(value: Any, checker, base_dir: str) -> TokenizerBlock:
         raise checker.fail(f"tokenizer.{given[0]}", "needs tokenizer.type (the tokenizer it belongs to)")
     eod, pad = value.get("eod"), value.get("pad")
     if spec is not None and (eod is None or "pad" not in value):
-        own_eod, own_pad = _from_tokenizer(spec, value, checker)
+        own_eod, own_pad = _from_tokenizer(spec, checker)
         if eod is None and own_eod is None:
             raise checker.fail("tokenizer.eod", f"missing: the {spec.kind} tokenizer has no eos token; give the "
                                                 "end-of-document id")
