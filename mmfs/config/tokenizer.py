@@ -12,6 +12,7 @@ from typing import Any
 
 from mmfs.config.safe_yaml import show
 from mmfs.errors import PreprocessError
+from mmfs.text.dataset import tokenizer_identity
 from mmfs.text.tokenizer import TIKTOKEN, TOKENIZER_TYPES, TokenizerSpec
 
 DEFAULT_TOKENIZER_CLASS = "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText"
@@ -49,15 +50,23 @@ def _spec(value: dict, checker, base_dir: str, vocab: int | None) -> TokenizerSp
     return spec
 
 
+# (spec, its files' identity) -> (eod, pad): a process reads its config more than once
+# (a mount re-opens it after building), a tokenizer need not be loaded each time.
+_IDS: dict[tuple, tuple[int | None, int | None]] = {}
+
+
 def _from_tokenizer(spec: TokenizerSpec, checker) -> tuple[int | None, int | None]:
     """The eod and pad Megatron takes from the tokenizer (loaded only when the block
     does not give both)."""
-    try:
-        tokenizer = spec.load()
-    except PreprocessError as exc:
-        key = "vocab_file" if spec.vocab_file else "vocab_size" if spec.path is None else "model"
-        raise checker.fail(f"tokenizer.{key}", str(exc)) from None
-    return tokenizer.eod, tokenizer.pad
+    key = (spec, tokenizer_identity(spec))
+    if key not in _IDS:
+        try:
+            tokenizer = spec.load()
+        except PreprocessError as exc:
+            field = "vocab_file" if spec.vocab_file else "vocab_size" if spec.path is None else "model"
+            raise checker.fail(f"tokenizer.{field}", str(exc)) from None
+        _IDS[key] = tokenizer.eod, tokenizer.pad
+    return _IDS[key]
 
 
 def parse_tokenizer(value: Any, checker, base_dir: str) -> TokenizerBlock:
