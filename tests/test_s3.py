@@ -448,3 +448,46 @@ def test_a_text_dataset_in_a_bucket_is_tokenized_once_per_etag(tmp_path, server,
     changed = mmfs("build", config)
     assert changed.returncode == 0 and "tokenizing" in changed.stderr, changed.stderr
     assert len(list((tmp_path / "storage" / "text").glob("corpus-*_text_document.idx"))) == 2
+
+
+def test_back_to_back_pieces_are_one_request(tmp_path, server, proxy):
+    """A document of many sequences lies back to back in the .bin: reading it (or
+    prefetching it) is one ranged GET, not one per sequence."""
+    from mmfs.formats.writer import IndexedDatasetWriter
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rng = np.random.default_rng(5)
+    with IndexedDatasetWriter(str(folder / "multi.bin"), dtype=np.uint16) as w:
+        for _ in range(40):  # 40 documents of 30 sequences each
+            for n in rng.integers(5, 60, 30):
+                w.add_item(rng.integers(0, 60000, int(n), dtype=np.uint16))
+            w.end_document()
+        w.finalize(str(folder / "multi.idx"))
+    for name in ("multi.bin", "multi.idx"):
+        server.put(BUCKET, f"multi/{name}", (folder / name).read_bytes())
+    base = {"split": "100,0,0", "sequence_length": 256, "tokenizer": {"eod": 0, "pad": None}}
+    local = tmp_path / "local.yaml"
+    local.write_text(yaml.safe_dump({**base, "datasets": [{"path": "data/multi"}], "cache_dir": "c1"}))
+    s3 = tmp_path / "s3.yaml"
+    s3.write_text(yaml.safe_dump({**base, "datasets": [{"path": remote("multi/multi")}], "cache_dir": "c2",
+                                  "storage": {"endpoint_url": proxy.url, "cache_dir": str(tmp_path / "storage"),
+                                              "prefetch": 0}}))
+    with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
+        proxy.ranges = []
+        for d in (3, 17):
+            name = f"datasets/multi/documents/{d:07d}.bin"
+            assert (b.path / name).read_bytes() == (a.path / name).read_bytes()
+        bins = [r for r in proxy.ranges if r[0].endswith("multi.bin")]
+        assert len(bins) == 2, bins  # one per document, not 30
+        proxy.ranges = None
+    s3.write_text(s3.read_text().replace("prefetch: 0", "prefetch: 65536"))  # the window joins them too
+    with mounted(s3, tmp_path / "ahead") as c:
+        proxy.ranges = []
+        for d in range(12):
+            assert (c.path / f"datasets/multi/documents/{d:07d}.bin").read_bytes()
+            time.sleep(0.02)
+        time.sleep(0.5)
+        bins = [r for r in proxy.ranges if r[0].endswith("multi.bin")]
+        assert 12 <= len(bins) <= 40, bins  # a request a document (some ahead), never one a sequence
+        proxy.ranges = None

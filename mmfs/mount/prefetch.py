@@ -18,7 +18,8 @@ the window to where it now reads.
 
 A file the window has not fetched yet is fetched when its first bytes are read:
 every piece at once (the C core would fetch them one after another, a round trip
-each), before the read goes on.
+each), before the read goes on. Either way a file's pieces that lie back to back in
+an object (the sequences of a document) are joined into one request.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from mmfs.errors import MmfsError
 from mmfs.megatron.arrays import noted_fetches
 from mmfs.native import ffi, lib
+from mmfs.storage.rangecache import MAX_REQUEST
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +66,8 @@ class Prefetcher:
         self._thread = threading.Thread(target=self._run, name="mmfs-prefetch-plan", daemon=True)
 
     def start(self) -> None:
-        if self.prefetch <= 0:
-            return
-        self._thread.start()
+        if self.prefetch > 0:  # 0: no window; a read still fetches its own pieces at once
+            self._thread.start()
         lib.mmfs_fuse_set_read_hook(self._hook)
 
     def stop(self) -> None:
@@ -78,7 +79,8 @@ class Prefetcher:
     def _told(self, view: int, file: int) -> None:
         """From a FUSE thread, in C's read handler, before it reads file `file`:
         tell the planner, and fetch the file's pieces now unless the window has."""
-        self._events.put(("read", view, file))
+        if self.prefetch > 0:
+            self._events.put(("read", view, file))
         if (view, file) in self._done:
             return
         try:
@@ -87,10 +89,15 @@ class Prefetcher:
             log.debug("fetching the pieces of file %d of view %d failed", file, view, exc_info=True)
 
     def _warm(self, view, file: int) -> None:
+        wanted = self._noted(view, file)
+        if len(wanted) > 1:  # (one piece: the read fetches it itself)
+            wait([self._pieces.submit(_fill, *piece) for piece in merged(wanted)])
+
+    def _noted(self, view, file: int) -> list[tuple[object, int, int]]:
+        """The (source, offset, length) pieces reading the file fetches, fetching none."""
         with noted_fetches() as wanted:
             self.registry.read(view, file, 0, self.registry.size(view, file))
-        if len(wanted) > 1:
-            wait([self._pieces.submit(_fill, *piece) for piece in wanted])
+        return wanted
 
     def _run(self) -> None:
         while True:
@@ -138,10 +145,11 @@ class Prefetcher:
             self._pool.submit(self._fetch, d, view, j, size)
 
     def _fetch(self, d: int, view, j: int, size: int) -> None:
-        # one file a task: files are fetched side by side, the pieces of each in turn
+        # one file a task: files are fetched side by side, the (joined) pieces of each in turn
         outcome = "failed"
         try:
-            self.registry.read(view, j, 0, size)  # into the range cache, through the C core
+            for source, offset, n in merged(self._noted(view, j)):  # into the range cache
+                source.read_into(offset, bytearray(n))
             self.files += 1
             outcome = "fetched"
         except MmfsError as exc:  # the reader's own read will say why, with EIO
@@ -150,6 +158,22 @@ class Prefetcher:
         finally:
             self._slots.release()
             self._events.put((outcome, d, j))
+
+
+def merged(pieces: list[tuple[object, int, int]]) -> list[tuple[object, int, int]]:
+    """(source, offset, length) pieces with the adjacent or overlapping ranges of a
+    source joined into one, of at most MAX_REQUEST bytes (the sequences of a
+    document lie back to back: one request, not one per sequence)."""
+    out: list[tuple[object, int, int]] = []
+    for source, offset, n in sorted(pieces, key=lambda p: (id(p[0]), p[1])):
+        if out and out[-1][0] is source:
+            _, start, length = out[-1]
+            end = max(start + length, offset + n)
+            if offset <= start + length and end - start <= MAX_REQUEST:
+                out[-1] = (source, start, end - start)
+                continue
+        out.append((source, offset, n))
+    return out
 
 
 def _fill(source, offset: int, n: int) -> None:
