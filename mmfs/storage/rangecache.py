@@ -20,7 +20,6 @@ from __future__ import annotations
 import bisect
 import ctypes
 import ctypes.util
-import errno
 import logging
 import os
 import shutil
@@ -89,18 +88,24 @@ class _Object:
 
     def remove(self, lo: int) -> tuple[int, int]:
         """Forget the range that starts at `lo`; the part of the file to free: its
-        pages, less a page at either end that a neighbouring range still uses."""
+        pages, less a page at either end that a neighbouring range still uses, or
+        that a range being fetched may have written already (it is recorded as
+        cached only after its bytes are in the file)."""
         i = bisect.bisect_left(self.starts, lo)
         if i == len(self.starts) or self.starts[i] != lo:
             return 0, 0
         hi = self.ends.pop(i)
         self.starts.pop(i)
         free_lo, free_hi = lo // PAGE * PAGE, -(-hi // PAGE) * PAGE
-        if i > 0 and self.ends[i - 1] > free_lo:
+        first, last = free_lo, free_hi - PAGE  # the end pages, the only ones others can share
+        if (i > 0 and self.ends[i - 1] > first) or self._fetching(first):
             free_lo += PAGE
-        if i < len(self.starts) and self.starts[i] < free_hi:
+        if (i < len(self.starts) and self.starts[i] < free_hi) or self._fetching(last):
             free_hi -= PAGE
         return free_lo, free_hi
+
+    def _fetching(self, page: int) -> bool:
+        return any(a < page + PAGE and b > page for a, b, _ in self.pending)
 
 
 class RangeCache:
@@ -158,7 +163,13 @@ class RangeCache:
             with self._lock:
                 if self._copy_cached(key, obj, lo, hi, view, fetched):
                     return hi - lo
-        raise OSError(errno.EIO, f"bytes {lo}..{hi} could not be kept in the cache")
+        # Readers want more than the limit holds at once: what they wait for is dropped
+        # before they copy it. Fetch it all for this read, past the cache.
+        fetch(lo, view[: hi - lo])
+        with self._lock:
+            self.fetched_bytes += hi - lo
+            self.requests += 1
+        return hi - lo
 
     def _copy_cached(self, key: str, obj: _Object, lo: int, hi: int, view: memoryview,
                      fetched: list[tuple[int, int]]) -> bool:
