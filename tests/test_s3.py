@@ -489,5 +489,5 @@ def test_back_to_back_pieces_are_one_request(tmp_path, server, proxy):
             time.sleep(0.02)
         time.sleep(0.5)
         bins = [r for r in proxy.ranges if r[0].endswith("multi.bin")]
-        assert 12 <= len(bins) <= 40, bins  # a request a document (some ahead), never one a sequence
+        assert 12 <= len(bins) <= 80, bins  # about a request a document (some ahead); per sequence: 360+
         proxy.ranges = None
