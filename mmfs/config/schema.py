@@ -28,7 +28,7 @@ from mmfs.config.storage import parse_storage
 from mmfs.config.tokenizer import TokenizerBlock, parse_tokenizer
 from mmfs.errors import ConfigError
 from mmfs.formats import dataset_problem, dataset_stem
-from mmfs.storage import StorageError, StorageUnavailable, scheme_of, source_failure
+from mmfs.storage import StorageError, StorageUnavailable, scheme_of
 from mmfs.storage.settings import StorageSettings
 from mmfs.storage.settings import configure as configure_storage
 from mmfs.text.dataset import TextDataset, text_dataset, text_stem
@@ -307,9 +307,8 @@ def _parse_blend(value: Any, checker: _Checker, key: str, base_dir: str) -> Blen
         path = checker.path_text(entry.get("path"), f"{where}.path", "the dataset prefix or .pbin file")
         file = dataset_file(path, base_dir)
         json_key = _json_key(entry, file, checker, where)
-        try:
-            failure = source_failure(file) if json_key is not None else None  # a text file: just there?
-            problem = dataset_problem(file) if json_key is None else None if failure is None else str(failure)
+        try:  # (a text file is looked up when its tokenization is named: _with_texts)
+            problem = None if json_key is not None else dataset_problem(file)
         except StorageUnavailable as exc:
             raise checker.fail(f"{where}.path", str(exc)) from None
         if problem is not None:

@@ -38,22 +38,27 @@ def parquet_chunks(path: str, keys: tuple[str, ...]) -> Iterator[Chunk]:
 
 
 def _chunks(path: str, file, keys: tuple[str, ...]) -> Iterator[Chunk]:
+    """Chunks of about CHUNK_BYTES of text (characters, as counted here) or
+    CHUNK_LINES rows, as JSONL is cut."""
     row = 1
+    records: list[dict] = []
+    size = 0
     try:
-        for group in range(file.num_row_groups):
-            table = file.read_row_group(group, columns=list(keys))
-            for batch in table.to_batches(max_chunksize=CHUNK_LINES):
-                records = batch.to_pylist()
-                nbytes = sum(len(r[k]) for r in records for k in keys if isinstance(r[k], str))
-                # A huge batch of long texts is split further, as JSONL chunks are.
-                step = max(1, int(len(records) * CHUNK_BYTES / max(nbytes, 1)))
-                for start in range(0, len(records), step):
-                    part = records[start:start + step]
-                    yield Chunk(row + start, part, sum(len(r[k]) for r in part for k in keys
-                                                       if isinstance(r[k], str)))
-                row += len(records)
+        # a row group read at a time, turned into Python objects a batch at a time
+        batches = (batch for group in range(file.num_row_groups)
+                   for batch in file.read_row_group(group, columns=list(keys)).to_batches(CHUNK_LINES))
+        for batch in batches:
+            for record in batch.to_pylist():
+                records.append(record)
+                size += sum(len(v) for v in record.values() if isinstance(v, str))
+                if size >= CHUNK_BYTES or len(records) >= CHUNK_LINES:
+                    yield Chunk(row, records, size)
+                    row += len(records)
+                    records, size = [], 0
     except PreprocessError:
         raise
     except Exception as exc:  # pyarrow's errors for a corrupt or truncated file
-        raise PreprocessError(f"{path}: cannot read the Parquet file after row {row - 1} "
+        raise PreprocessError(f"{path}: cannot read the Parquet file after row {row + len(records) - 1} "
                               f"({str(exc).splitlines()[0]}); is the file truncated or corrupt?") from None
+    if records:
+        yield Chunk(row, records, size)
