@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mmfs.config.schema import MAX_DATA_PARALLEL_SIZE
+from mmfs.config.training import MAX_DATA_PARALLEL_SIZE
 from mmfs.megatron.rankplan import RankPlan, native_plan, plan_stream
 from mmfs.megatron.samplers import SamplerError
 from mmfs.mount.contract import STREAM_NAME, STREAM_NAME_HELP, name_width, rank_name_width, streams_dir

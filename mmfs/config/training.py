@@ -1,0 +1,234 @@
+"""The optional `training:` block: how Megatron's data loader hands samples to
+data-parallel ranks, and the global batch size over the run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mmfs.config.checker import Checker
+from mmfs.config.rampup import (
+    BatchSchedule,
+    ScheduleError,
+    constant_schedule,
+    rampup_schedule,
+    step_schedule,
+    train_iters_from_samples,
+)
+from mmfs.config.safe_yaml import show
+
+# keys that shape the global batch size over the run and its length
+SCHEDULE_KEYS = {"rampup_batch_size", "step_batch_size_schedule", "train_samples"}
+TRAINING_KEYS = {
+    "data_parallel_size", "micro_batch_size", "dataloader_type", "data_sharding",
+    "global_batch_size", "train_iters", "eval_interval", "eval_iters",
+} | SCHEDULE_KEYS
+DATALOADER_TYPES = ("single", "cyclic")
+MEGATRON_EVAL_ITERS = 100  # megatron's default for --eval-iters
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """How Megatron's data loader hands samples to data-parallel ranks."""
+
+    data_parallel_size: int
+    micro_batch_size: int
+    dataloader_type: str = "single"  # single | cyclic
+    data_sharding: bool = True  # cyclic only; Megatron's default
+    global_batch_size: int | None = None
+    train_iters: int | None = None
+    eval_interval: int | None = None
+    eval_iters: int | None = None  # None: Megatron's default (100) where it is needed
+    rampup_batch_size: tuple[int, int, int] | None = None
+    step_batch_size_schedule: str | None = None
+    train_samples: int | None = None
+    schedule: BatchSchedule | None = None  # global batch size by iteration (set by load_config)
+
+    def derived_samples(self) -> dict[str, int] | None:
+        """Sample counts per split as Megatron derives them from train_iters or
+        train_samples (get_train_valid_test_num_samples), or None without either."""
+        if self.train_iters is None and self.train_samples is None:
+            return None
+        # Megatron's args.global_batch_size: mbs x dp when not given (always so with a
+        # step schedule, which refuses --global-batch-size).
+        gbs = self.global_batch_size or self.micro_batch_size * self.data_parallel_size
+        iters = self.train_iters
+        if iters is None:
+            iters = train_iters_from_samples(self.schedule, self.train_samples,
+                                             None if self.rampup_batch_size is None else self.rampup_batch_size[2])
+        eval_iters = MEGATRON_EVAL_ITERS if self.eval_iters is None else self.eval_iters
+        return {
+            "train": self.train_samples if self.train_samples is not None else iters * gbs,
+            "valid": (iters // self.eval_interval + 1) * eval_iters * gbs,
+            "test": eval_iters * gbs,
+        }
+
+    def derived_from(self, split: str) -> str:
+        """The keys derived_samples() computes the split's count from, as a formula."""
+        gbs = "training.global_batch_size" if self.global_batch_size else \
+            "training.micro_batch_size × training.data_parallel_size"
+        if split == "train":
+            return "training.train_samples" if self.train_samples is not None else \
+                f"training.train_iters × {gbs}"
+        iters = "training.train_iters" if self.train_iters is not None else \
+            "the iterations of training.train_samples"
+        if split == "valid":
+            return f"({iters} ÷ training.eval_interval + 1) × training.eval_iters × {gbs}"
+        return f"training.eval_iters × {gbs}"
+
+    def as_dict(self) -> dict[str, Any]:
+        scheduled = {k: getattr(self, k) for k in sorted(SCHEDULE_KEYS) if getattr(self, k) is not None}
+        if "rampup_batch_size" in scheduled:
+            scheduled["rampup_batch_size"] = list(self.rampup_batch_size)
+        return {
+            **scheduled,
+            "data_parallel_size": self.data_parallel_size,
+            "micro_batch_size": self.micro_batch_size,
+            "dataloader_type": self.dataloader_type,
+            "data_sharding": self.data_sharding,
+            "global_batch_size": self.global_batch_size,
+            "train_iters": self.train_iters,
+            "eval_interval": self.eval_interval,
+            "eval_iters": self.eval_iters,
+        }
+
+
+# Ranks the mount shows a folder for, at most: each costs the daemon a view (about
+# 2 KB), and 16,384 is past the data-parallel size of today's largest jobs.
+MAX_DATA_PARALLEL_SIZE = 16384
+
+
+def parse_training(value: Any, checker: Checker) -> TrainingConfig | None:
+    """The `training:` block, checked; None when it is absent."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise checker.fail("training", "expected a mapping {data_parallel_size: N, micro_batch_size: N, ...}")
+    checker.unknown_keys(value, TRAINING_KEYS, "training.")
+
+    def optional_int(key: str, minimum: int) -> int | None:
+        v = value.get(key)
+        return None if v is None else checker.integer(v, f"training.{key}", minimum=minimum)
+
+    for key in ("data_parallel_size", "micro_batch_size"):
+        if value.get(key) is None:
+            raise checker.fail(f"training.{key}", "missing: needed to give each data-parallel rank its micro-batches")
+    dp = checker.integer(value["data_parallel_size"], "training.data_parallel_size", minimum=1,
+                         maximum=MAX_DATA_PARALLEL_SIZE,
+                         why=" (the mount holds a folder of micro-batches per rank)")
+    mbs = optional_int("micro_batch_size", 1)
+    kind = value.get("dataloader_type", "single")
+    if kind not in DATALOADER_TYPES:
+        raise checker.fail("training.dataloader_type", f"{kind!r} is not a dataloader type (single or cyclic)")
+    sharding = value.get("data_sharding")
+    if sharding is not None:
+        sharding = checker.boolean(sharding, "training.data_sharding")
+        if kind != "cyclic":
+            raise checker.fail("training.data_sharding", "only applies with dataloader_type: cyclic")
+    gbs = optional_int("global_batch_size", 1)
+    if gbs is not None and gbs % (mbs * dp):
+        raise checker.fail(
+            "training.global_batch_size",
+            f"{gbs} is not a multiple of micro_batch_size x data_parallel_size = {mbs * dp}",
+        )
+    train_iters = optional_int("train_iters", 0)
+    eval_interval = optional_int("eval_interval", 1)
+    eval_iters = optional_int("eval_iters", 0)
+    scheduled = _parse_schedule_keys(value, gbs, checker)
+    if train_iters is not None and scheduled["train_samples"] is not None:
+        raise checker.fail("training.train_samples", "give train_iters or train_samples, not both (Megatron asserts)")
+    if train_iters is not None or scheduled["train_samples"] is not None:
+        if gbs is None and scheduled["step_batch_size_schedule"] is None:
+            raise checker.fail("training.global_batch_size", "missing: train_iters counts iterations of a global batch")
+        if eval_interval is None:
+            raise checker.fail("training.eval_interval", "missing: with train_iters, Megatron sizes the validation "
+                               "split as (train_iters // eval_interval + 1) x eval_iters x global_batch_size")
+    else:
+        for key in ("eval_interval", "eval_iters"):
+            if value.get(key) is not None:
+                raise checker.fail(f"training.{key}", "only used with train_iters or train_samples "
+                                                      "(to derive the sample counts)")
+    return TrainingConfig(dp, mbs, kind, True if sharding is None else sharding, gbs, train_iters,
+                          eval_interval, eval_iters, **scheduled)
+
+
+def samples_with_training(samples: dict[str, int | None], training: TrainingConfig | None,
+                          checker: Checker) -> dict[str, int | None]:
+    """`samples` with the counts train_iters derives filled in; a count given in
+    both places must agree."""
+    derived = None if training is None else training.derived_samples()
+    if derived is None:
+        return samples
+    out = dict(samples)
+    source = "train_iters" if training.train_iters is not None else "train_samples"
+    for split, n in derived.items():
+        if out.get(split) is None:
+            out[split] = n
+        elif out[split] != n:
+            raise checker.fail(
+                f"samples.{split}",
+                f"{out[split]} disagrees with training.{source}, "
+                f"which gives {n} as Megatron derives it; "
+                "give one of them",
+            )
+    return out
+
+
+# -- the global batch size over the run (training.rampup_batch_size, ...) ----------
+
+
+def _parse_schedule_keys(value: dict, gbs: int | None, checker: Checker) -> dict[str, Any]:
+    """The keys of `training:` that shape the global batch size and the run's length."""
+    out: dict[str, Any] = {"rampup_batch_size": None, "step_batch_size_schedule": None, "train_samples": None}
+    ramp = value.get("rampup_batch_size")
+    if ramp is not None:
+        key = "training.rampup_batch_size"
+        if not isinstance(ramp, list) or len(ramp) != 3:
+            raise checker.fail(key, f"expected [start, increment, ramp_samples], got {show(ramp)}")
+        out["rampup_batch_size"] = tuple(checker.integer(v, f"{key}[{i}]", minimum=0) for i, v in enumerate(ramp))
+        if gbs is None:
+            raise checker.fail("training.global_batch_size", "missing: the ramp-up ends at global_batch_size")
+    step = value.get("step_batch_size_schedule")
+    if step is not None:
+        key = "training.step_batch_size_schedule"
+        if not isinstance(step, str):
+            raise checker.fail(key, f"expected a string like \"0:768 250B:1536\", got {show(step)}")
+        if ramp is not None:
+            raise checker.fail(key, "give rampup_batch_size or step_batch_size_schedule, not both")
+        if gbs is not None:
+            raise checker.fail(key, "Megatron-LM refuses it with --global-batch-size: leave global_batch_size out")
+        out["step_batch_size_schedule"] = step
+    samples = value.get("train_samples")
+    if samples is not None:
+        out["train_samples"] = checker.integer(samples, "training.train_samples", minimum=0)
+    return out
+
+
+def with_schedule(training: TrainingConfig | None, sequence_length: int,
+                  checker: Checker) -> TrainingConfig | None:
+    """`training` with its BatchSchedule; every batch size the run reaches must be a
+    multiple of micro_batch_size x data_parallel_size (Megatron asserts it)."""
+    if training is None:
+        return None
+    t = training
+    key = "training.global_batch_size"
+    try:
+        if t.rampup_batch_size is not None:
+            key = "training.rampup_batch_size"
+            schedule = rampup_schedule(*t.rampup_batch_size, t.global_batch_size)
+        elif t.step_batch_size_schedule is not None:
+            key = "training.step_batch_size_schedule"
+            # Megatron-LM passes --seq-length: thresholds are tokens.
+            schedule = step_schedule(t.step_batch_size_schedule, sequence_length)
+        elif t.global_batch_size is not None:
+            schedule = constant_schedule(t.global_batch_size)
+        else:
+            return t
+    except ScheduleError as exc:
+        raise checker.fail(key, str(exc)) from None
+    step = t.micro_batch_size * t.data_parallel_size
+    for size in schedule.batch_sizes:
+        if size % step:
+            raise checker.fail(key, f"reaches a global batch size of {size}, not a multiple of "
+                                    f"micro_batch_size x data_parallel_size = {step} (Megatron asserts)")
+    return replace(t, schedule=schedule)
