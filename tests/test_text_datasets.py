@@ -230,3 +230,19 @@ def test_megatrons_data_path_string_takes_text_files(tmp_path):
     outputs = tokenized(tmp_path)
     assert [p.name.split("-")[0] for p in outputs] == ["a", "b"]
     assert pair_bytes(outputs[0].with_suffix("")) == pair_bytes(outputs[1].with_suffix(""))
+
+
+def test_tokenizing_works_from_a_folder_holding_another_mmfs_package(tmp_path):
+    # A source checkout with a normal install: the current folder's mmfs/ is not the
+    # one running (here one that cannot even be imported); the tokenizing child must
+    # import the parent's mmfs, not the folder's.
+    (tmp_path / "mmfs").mkdir()
+    (tmp_path / "mmfs" / "__init__.py").write_text("raise ImportError('the folder mmfs, not the running one')\n")
+    shutil.copy(CORPUS, tmp_path / "corpus.jsonl")
+    config = write_config(tmp_path, "corpus.jsonl", {"type": "ByteLevel"})
+    root = Path(__file__).resolve().parent.parent
+    run_installed = f"import sys; sys.path.insert(0, {str(root)!r}); from mmfs.cli import main; sys.exit(main())"
+    proc = subprocess.run([sys.executable, "-c", run_installed, "build", config.name], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(tokenized(tmp_path)) == 1

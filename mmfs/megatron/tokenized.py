@@ -14,6 +14,7 @@ import sys
 
 from mmfs.errors import CacheError, PreprocessError
 from mmfs.megatron.cachelock import try_lock, wait_unlocked
+from mmfs.processes import mmfs_command
 from mmfs.storage import open_source, scheme_of
 from mmfs.text.dataset import TextDataset
 
@@ -73,7 +74,7 @@ def _tokenize(text: TextDataset) -> None:
     local = open_source(text.source, whole=True).path if remote else text.source
     log.info("tokenizing %s (key %r, %s) into %s", text.source, text.json_key, text.tokenizer.kind, text.prefix)
     try:
-        child = subprocess.Popen([sys.executable, "-m", "mmfs.cli", *preprocess_args(text, local)],
+        child = subprocess.Popen(mmfs_command(*preprocess_args(text, local)),
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                  text=True, errors="replace")
         error = None
