@@ -18,14 +18,17 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-# The folder holding this mmfs package: a child put it first on its path imports
-# this mmfs, not an `mmfs/` folder in its current directory (a source checkout).
+# The folder holding this mmfs package. The child drops the current folder from its
+# path (where `python -c` and `-m` look first: a source checkout's mmfs/ would be
+# found there) and puts this folder first only when it is not on the path already
+# (a site-packages stays behind the standard library).
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_RUN_CLI = "import sys; sys.path.insert(0, sys.argv.pop(1)); from mmfs.cli import main; sys.exit(main())"
+_RUN_CLI = ("import sys; home = sys.argv.pop(1); sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+            "home in sys.path or sys.path.insert(0, home); from mmfs.cli import main; sys.exit(main())")
 
 
 def mmfs_command(*args: str) -> list[str]:
     """The command line that runs `mmfs ARGS` in a child process with this very mmfs,
-    whatever folder the child starts in (`python -m mmfs.cli` would put that folder
-    first on its path)."""
+    whatever folder the child starts in (`python -m mmfs.cli` would import an `mmfs/`
+    of that folder)."""
     return [sys.executable, "-c", _RUN_CLI, _PACKAGE_PARENT, *args]
