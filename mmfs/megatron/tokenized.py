@@ -108,6 +108,7 @@ def _tokenize(text: TextDataset) -> None:
                                  text=True, errors="replace")
         error = None
         for line in child.stderr:  # progress passes through; the error line is ours to raise
+            line = line.replace(staged, text.output_prefix)  # named as the user will find it
             if line.startswith(ERROR_PREFIX):
                 error = line[len(ERROR_PREFIX):].strip()
             else:
@@ -118,11 +119,13 @@ def _tokenize(text: TextDataset) -> None:
         if (copy.identity if remote else _identity_now(text.source)) != text.identity:
             raise PreprocessError(f"{text.source}: the file changed while it was tokenized (nothing kept); "
                                   "run again once it is no longer being written")
-        for kind in (0, 1):  # .idx last: a pair with its .idx is whole
-            os.replace(output_paths(staged, text.json_key)[kind], output_paths(text.output_prefix, text.json_key)[kind])
-    except OSError as exc:
-        raise CacheError(f"{exc.filename or text.output_prefix}: cannot keep the tokenized {text.source} "
-                         f"({exc.strerror or exc}); set cache_dir to a writable folder") from None
+        try:
+            for kind in (0, 1):  # .idx last: a pair with its .idx is whole
+                os.replace(output_paths(staged, text.json_key)[kind],
+                           output_paths(text.output_prefix, text.json_key)[kind])
+        except OSError as exc:
+            raise CacheError(f"{exc.filename or text.output_prefix}: cannot keep the tokenized {text.source} "
+                             f"({exc.strerror or exc}); set cache_dir to a writable folder") from None
     finally:
         for path in output_paths(staged, text.json_key):
             with contextlib.suppress(OSError):
