@@ -34,7 +34,9 @@ def _wait_mounted(path: Path, proc: subprocess.Popen, what: str, seconds: float 
 
 
 def _unmount(path: Path, proc: subprocess.Popen) -> None:
-    subprocess.run(["fusermount", "-u", str(path)], check=False, capture_output=True)
+    if subprocess.run(["fusermount", "-u", str(path)], check=False, capture_output=True).returncode:
+        # still busy (a reader's daemon exiting): detach it, so no dead mount is left behind
+        subprocess.run(["fusermount", "-u", "-z", str(path)], check=False, capture_output=True)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
     if proc.poll() is None:
@@ -101,12 +103,14 @@ def rclone_mount(endpoint: str, bucket: str, mnt: Path, work: Path, budget: int,
         _unmount(mnt, proc)
 
 
-def read_ranks(rank_dirs: list[Path], n: int) -> dict:
+def read_ranks(rank_dirs: list[Path], n: int, seconds: float | None = None) -> dict:
     """Read the first `n` files of every rank folder at once, one thread a rank, each
-    in order (as a rank's DataLoader does). Returns the wall time, each rank's finish
-    time and the bytes read."""
+    in order (as a rank's DataLoader does); with `seconds`, a rank starts no file after
+    that long (a system far slower than the others ends in bounded time). Returns the
+    wall time, each rank's finish time, the files and the bytes read."""
     finished = [0.0] * len(rank_dirs)
     served = [0] * len(rank_dirs)
+    files = [0] * len(rank_dirs)
     errors: list[BaseException] = []
     start = time.perf_counter()
 
@@ -114,8 +118,11 @@ def read_ranks(rank_dirs: list[Path], n: int) -> dict:
         try:
             names = sorted(os.listdir(rank_dirs[i]))[:n]
             for name in names:
+                if seconds is not None and time.perf_counter() - start > seconds:
+                    break
                 with open(rank_dirs[i] / name, "rb") as f:
                     served[i] += len(f.read())
+                files[i] += 1
             finished[i] = time.perf_counter() - start
         except BaseException as exc:  # reported once all threads end
             errors.append(exc)
@@ -127,7 +134,7 @@ def read_ranks(rank_dirs: list[Path], n: int) -> dict:
         t.join()
     if errors:
         raise errors[0]
-    return {"seconds": max(finished), "finished": finished, "served_bytes": sum(served)}
+    return {"seconds": max(finished), "finished": finished, "served_bytes": sum(served), "files": sum(files)}
 
 
 def cpu_seconds(pid: int) -> float:

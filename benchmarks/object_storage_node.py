@@ -1,0 +1,569 @@
+"""A whole node fed from a bucket, side by side in one run: an mmfs mount read by one
+rank and by 8 ranks at once, s3fs-fuse and rclone mount given the same disk-cache
+budget, megatron-core's own S3 reader, and the ceiling of a plain client.
+
+    PYTHONPATH=. python benchmarks/object_storage_node.py [--data DIR] [--gib 2.1]
+        [--budget 536870912] [--delay 0.02] [-n 25] [--n-alone 50] [--megatron-n 10]
+        [--chunk 65536] [--rounds 2] [--skip s3fs,rclone,megatron]
+
+The bucket (localbucket on 127.0.0.1 behind the tests' proxy, which adds `--delay`
+seconds to every request and counts requests and bytes; see
+benchmarks/object_storage.py) holds a uint16 dataset of `--gib` GiB, at least 4x
+`--budget`, the disk-cache budget every system is given. GPT samples of sequence
+length 4096, data_parallel_size 8, micro_batch_size 4; rank r reads its first `-n`
+micro-batches in order (a thread or process per rank, all at once).
+
+- mmfs: `mmfs mount` of s3://bench/big with `cache_limit` the budget; rank 000 alone
+  (`--n-alone` files), then ranks 000-007 through one fresh mount. Samples/s, bytes
+  fetched at the proxy / bytes served, GETs, the daemon's CPU seconds per 1,000
+  samples and per GET, its peak RSS, when the first and the last rank finished.
+- the ceiling: the very ranges of the 8-rank run fetched again with as many threads
+  as mmfs's max_requests: by boto3 through the proxy (the target's ceiling), and by
+  a bare HTTP client through the proxy with no delay and straight at the server
+  (where the proxy and the server top out).
+- s3fs-fuse and rclone mount (benchmarks/mount_alternatives.py), 8 ranks read through
+  a local mmfs mount of their mounted path, which reads as megatron-core does with
+  --no-mmap-bin-files (a pread of each piece of each sample).
+- megatron-core 0.19.2's own S3 reader: its GPTDataset on the s3:// prefix with
+  `--chunk` bytes of bin_chunk_nbytes (64 KiB was its best in object_storage.py; its
+  default, 256 MiB, fetches a 256 MiB range for nearly every sample), rank 0 alone and
+  8 ranks, each rank a process with a DataLoader of 2 workers, started together once
+  all are ready. Needs torch and megatron-core in this Python (skipped without).
+
+Each round runs every system in turn; the summary takes each system's best round.
+Every system's first micro-batch of every rank is checked equal to mmfs's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mount_alternatives as alt
+import numpy as np
+import object_storage as store
+from s3_server import CREDENTIALS, FaultProxy
+
+BUCKET, KEY, SEQ, DP, MBS = store.BUCKET, store.KEY, store.SEQ, store.DP, store.MBS
+MAX_REQUESTS = 16  # mmfs's default; the ceilings use as many threads
+
+# Targets of issue 26, as ratios in one run.
+TARGET_CPU_PER_GET_MS = 0.6
+TARGET_OVER_BEST_OTHER = 2.0
+TARGET_FETCHED_PER_SERVED = 1.2
+TARGET_RSS = 300e6
+TARGET_OVER_CEILING = 0.5
+
+
+class Counts:
+    """GETs and bytes the proxy answered from now on (ranged or not)."""
+
+    def __init__(self, proxy: LeanProxy) -> None:
+        self.proxy = proxy
+        self.start = proxy.counts()
+
+    def now(self) -> tuple[int, int]:
+        gets, got = self.proxy.counts()
+        return gets - self.start[0], got - self.start[1]
+
+
+class LeanProxy:
+    """The proxy of this benchmark, in a process of its own: asyncio, a kept-alive
+    connection to the server per client connection, bodies streamed. It adds `delay`
+    seconds to every request and counts what it passes on, as tests/s3_server.py's
+    FaultProxy does; that one (a thread per connection, a new server connection per
+    request, in the benchmark's own process) tops out below mmfs (its ceiling is
+    printed). Read and set through `/__bench/` paths."""
+
+    def __init__(self, server_port: int, delay: float) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--proxy", str(server_port), "--delay", str(delay)],
+                                     stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._delay = delay
+
+    def _ask(self, what: str) -> dict:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn.request("GET", f"/__bench/{what}")
+        return json.loads(conn.getresponse().read())
+
+    def counts(self) -> tuple[int, int]:
+        """GETs answered so far, ranged or not (s3fs and rclone read whole objects too), and their body bytes."""
+        counts = self._ask("counts")
+        return counts["gets"], counts["get_bytes"]
+
+    @property
+    def delay(self) -> float:
+        return self._delay
+
+    @delay.setter
+    def delay(self, seconds: float) -> None:
+        self._delay = self._ask(f"delay={seconds}")["delay"]
+
+    @property
+    def ranges(self) -> list | None:
+        return self._ask("ranges")["ranges"]
+
+    @ranges.setter
+    def ranges(self, value: list | None) -> None:
+        self._ask("record" if value is not None else "ranges")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def serve_proxy(server_port: int, delay: float) -> None:
+    import asyncio
+
+    state = {"delay": delay, "gets": 0, "get_bytes": 0, "ranges": None}
+
+    def control(what: str) -> bytes:
+        if what.startswith("delay="):
+            state["delay"] = float(what.split("=", 1)[1])
+        elif what == "record":
+            state["ranges"] = []
+        elif what == "ranges":
+            ranges, state["ranges"] = state["ranges"], None
+            return json.dumps({"ranges": ranges}).encode()
+        return json.dumps({k: state[k] for k in ("delay", "gets", "get_bytes")}).encode()
+
+    def header(head: bytes, name: bytes) -> bytes | None:
+        for line in head.split(b"\r\n")[1:]:
+            key, _, value = line.partition(b":")
+            if key.strip().lower() == name:
+                return value.strip()
+        return None
+
+    async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream = None
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                method, path = head.split(b" ", 2)[:2]
+                body = await reader.readexactly(int(header(head, b"content-length") or 0))
+                if path.startswith(b"/__bench/"):
+                    answer = control(path[9:].decode())
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
+                    continue
+                if state["delay"]:
+                    await asyncio.sleep(state["delay"])
+                if upstream is None:
+                    upstream = await asyncio.open_connection("127.0.0.1", server_port)
+                up_reader, up_writer = upstream
+                up_writer.write(head + body)
+                reply = await up_reader.readuntil(b"\r\n\r\n")
+                writer.write(reply)
+                status = int(reply.split(b" ", 2)[1])
+                left = 0 if method == b"HEAD" or status in (204, 304) else int(header(reply, b"content-length") or 0)
+                sent = left
+                while left:
+                    chunk = await up_reader.read(min(left, 1 << 20))
+                    if not chunk:
+                        raise ConnectionError("the server closed mid-body")
+                    writer.write(chunk)
+                    left -= len(chunk)
+                    await writer.drain()
+                await writer.drain()
+                if method == b"GET":
+                    state["gets"] += 1
+                    state["get_bytes"] += sent
+                    rng = header(head, b"range")
+                    if rng and state["ranges"] is not None:
+                        state["ranges"].append((path.decode(), rng.decode()))
+                if (header(reply, b"connection") or b"").lower() == b"close":
+                    up_writer.close()
+                    upstream = None
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+            if upstream:
+                upstream[1].close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(client, "127.0.0.1", 0, backlog=256)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and every process below it (a daemon's helpers too)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            total += alt.cpu_seconds(p)
+        todo += children.get(p, [])
+    return total
+
+
+def write_config(path: Path, dataset: str, indices: Path, storage: dict | None = None) -> Path:
+    config = {"datasets": [{"path": dataset}], "split": "100,0,0", "sequence_length": SEQ,
+              "tokenizer": {"eod": 0, "pad": None}, "cache_dir": str(indices),
+              "training": {"data_parallel_size": DP, "micro_batch_size": MBS}}
+    if storage:
+        config["storage"] = storage
+    path.write_text(json.dumps(config))
+    return path
+
+
+@contextlib.contextmanager
+def mmfs_mount(config: Path, mnt: Path, env: dict):
+    """Build and mount; yields (daemon pid, seconds to mount)."""
+    store.mmfs_cli("build", config, env=env)
+    mnt.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    out = store.mmfs_cli("mount", config, mnt, "--log", mnt.parent / f"{mnt.name}.log", env=env).stdout
+    mounted = time.perf_counter() - t0
+    pid = int(re.search(r"daemon pid (\d+)", out).group(1))
+    try:
+        yield pid, mounted
+    finally:
+        subprocess.run(["fusermount", "-u", str(mnt)], check=False, capture_output=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        for _ in range(200):  # gone, so the folder it read (s3fs's, rclone's) can be unmounted
+            if not os.path.exists(f"/proc/{pid}"):
+                break
+            time.sleep(0.05)
+
+
+def rank_dirs(mnt: Path, ranks: int) -> list[Path]:
+    return [mnt / "train" / "ranks" / f"{r:03d}" for r in range(ranks)]
+
+
+def first_files(mnt: Path, ranks: int) -> list[bytes]:
+    return [(d / sorted(os.listdir(d))[0]).read_bytes() for d in rank_dirs(mnt, ranks)]
+
+
+def reading(read: dict, ranks: int, counts: tuple[int, int]) -> dict:
+    samples = read["files"] * MBS
+    return {"ranks": ranks, "samples": samples, "seconds": read["seconds"],
+            "samples_per_s": samples / read["seconds"], "first_done": min(read["finished"]),
+            "last_done": max(read["finished"]), "gets": counts[0], "fetched_bytes": counts[1],
+            "served_bytes": read["served_bytes"], "fetched_per_served": counts[1] / read["served_bytes"]}
+
+
+def run_mmfs(work: Path, proxy: LeanProxy, env: dict, ranks: int, n: int, budget: int) -> dict:
+    """A fresh mount (empty range cache of `budget` bytes); ranks 0..ranks-1 read at once."""
+    work.mkdir(parents=True)
+    config = write_config(work / "s3.yaml", f"s3://{BUCKET}/{KEY}", work / "indices",
+                          {"endpoint_url": proxy.url, "cache_dir": str(work / "storage"), "cache_limit": budget,
+                           "prefetch": min(64 << 20, budget // 2)})  # the default, or all a small budget allows
+    with mmfs_mount(config, work / "mnt", env) as (pid, mounted):
+        proxy.ranges = []
+        counts, cpu0 = Counts(proxy), tree_cpu_seconds(pid)
+        read = alt.read_ranks(rank_dirs(work / "mnt", ranks), n)
+        time.sleep(1)  # the prefetcher's requests in flight land in the counts
+        cpu = tree_cpu_seconds(pid) - cpu0
+        result = reading(read, ranks, counts.now())
+        result.update(mount_s=mounted, cpu_s=cpu, rss_peak=store.rss_peak(pid),
+                      cache_bytes=store.disk_bytes(work / "storage"), ranges=proxy.ranges,
+                      firsts=first_files(work / "mnt", ranks))
+        proxy.ranges = None
+    result["cpu_per_1000_samples"] = 1000 * result["cpu_s"] / result["samples"]
+    result["cpu_per_get_ms"] = 1000 * result["cpu_s"] / max(1, result["gets"])
+    return result
+
+
+def run_mounted(kind: str, work: Path, proxy: LeanProxy, env: dict, n: int, budget: int, seconds: float) -> dict:
+    """s3fs or rclone mounted with `budget` bytes of disk cache; 8 ranks read its path
+    through a local mmfs mount (megatron-core's pieces)."""
+    work.mkdir(parents=True)
+    mount = {"s3fs": alt.s3fs_mount, "rclone": alt.rclone_mount}[kind]
+    t0 = time.perf_counter()
+    with mount(proxy.url, BUCKET, work / "bucket", work, budget, CREDENTIALS) as proc:
+        mounted = time.perf_counter() - t0
+        config = write_config(work / "local.yaml", str(work / "bucket" / KEY), work / "indices")
+        with mmfs_mount(config, work / "mnt", env) as (pid, _):
+            counts, cpu0 = Counts(proxy), alt.cpu_seconds(proc.pid)
+            read = alt.read_ranks(rank_dirs(work / "mnt", DP), n, seconds)
+            cpu = alt.cpu_seconds(proc.pid) - cpu0
+            result = reading(read, DP, counts.now())
+            result.update(mount_s=mounted, cpu_s=cpu, firsts=first_files(work / "mnt", DP))
+    result["cpu_per_1000_samples"] = 1000 * cpu / result["samples"]
+    return result
+
+
+def replay_plain(ranges: list[tuple[str, str]], port: int, threads: int) -> float:
+    """Seconds for a bare HTTP/1.1 client (a kept-alive connection per thread, no
+    signing, no parsing beyond the status line and headers) to GET `ranges`."""
+    def worker(part: list[tuple[str, str]]) -> int:
+        conn, got = http.client.HTTPConnection("127.0.0.1", port, timeout=60), 0
+        for path, spec in part:
+            conn.request("GET", path, headers={"Range": spec})
+            answer = conn.getresponse()
+            got += len(answer.read())
+            if answer.status != 206:
+                raise SystemExit(f"plain client: {answer.status} for {path} {spec}")
+        conn.close()
+        return got
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        sum(pool.map(worker, [ranges[i::threads] for i in range(threads)]))
+    return time.perf_counter() - t0
+
+
+def run_plain(listing: Path, port: int, threads: int) -> float:
+    out = subprocess.run([sys.executable, __file__, "--plain", str(listing), "--port", str(port),
+                          "--threads", str(threads)], capture_output=True, text=True, check=True)
+    return float(out.stdout)
+
+
+def run_ceilings(work: Path, proxy: LeanProxy, server_port: int, m8: dict) -> dict:
+    """The 8-rank run's ranges again, MAX_REQUESTS at once, each client in its own process."""
+    listing = work / "ranges.json"
+    listing.write_text(json.dumps(m8["ranges"]))
+    boto = store.run_ceiling(proxy, m8["ranges"], MAX_REQUESTS, work)
+    delay, proxy.delay = proxy.delay, 0.0
+    try:
+        plain_proxy = run_plain(listing, proxy.port, MAX_REQUESTS)
+    finally:
+        proxy.delay = delay
+    plain_server = run_plain(listing, server_port, MAX_REQUESTS)
+    tests_proxy = FaultProxy(server_port)  # tests/s3_server.py's, in this process, no delay
+    try:
+        plain_tests_proxy = run_plain(listing, tests_proxy.port, MAX_REQUESTS)
+    finally:
+        tests_proxy.close()
+    plain_delay = run_plain(listing, proxy.port, MAX_REQUESTS)
+    rate = {name: m8["samples"] / s for name, s in (("boto3", boto), ("plain", plain_delay),
+                                                    ("plain_no_delay", plain_proxy), ("server", plain_server),
+                                                    ("tests_proxy", plain_tests_proxy))}
+    return {"requests": len(m8["ranges"]), "samples_per_s": rate}
+
+
+def megatron_rank(args: argparse.Namespace) -> None:
+    """One rank's DataLoader over megatron-core's S3 reader; prints its timings as JSON."""
+    import functools
+
+    import torch
+    from megatron.core.datasets import gpt_dataset
+    from megatron.core.datasets.object_storage_utils import ObjectStorageConfig
+
+    sys.path.insert(0, str(store.ROOT / "tests" / "reference"))
+    from megatron_modules import load_data_samplers
+
+    from mmfs.megatron import open_corpus
+    from mmfs.tools.megatron_baseline import megatron_dataset
+
+    gpt_dataset.ObjectStorageConfig = functools.partial(ObjectStorageConfig, bin_chunk_nbytes=args.chunk)
+    cache = Path(args.megatron_cache)
+    ds = megatron_dataset(open_corpus(args.config, progress=False), "train", str(cache / "indices"),
+                          mmap_bin_files=False, object_storage_cache_path=str(cache / "idx"))
+    sampler = load_data_samplers().MegatronPretrainingSampler(len(ds), 0, MBS, args.rank, DP)
+    loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, num_workers=2)
+    expect = np.frombuffer(Path(args.expect).read_bytes(), dtype=np.uint16)
+    Path(args.ready).touch()
+    while not os.path.exists(args.go):
+        time.sleep(0.01)
+    count = 0
+    for batch in loader:
+        if count == 0:
+            got = torch.cat([batch["tokens"], batch["labels"][:, -1:]], dim=1).numpy().astype(np.uint16)
+            if not np.array_equal(got.reshape(-1), expect):
+                raise SystemExit(f"megatron-core's first micro-batch of rank {args.rank} differs from mmfs's")
+        count += 1
+        if count == args.n:
+            break
+    print(json.dumps({"end": time.time(), "microbatches": count}))
+
+
+def run_megatron(work: Path, proxy: LeanProxy, config: Path, ranks: int, n: int, chunk: int,
+                 firsts: list[bytes], cache: Path) -> dict:
+    """`ranks` processes of megatron_rank, released together once each has its loader."""
+    work.mkdir(parents=True)
+    procs = []
+    for r in range(ranks):
+        (work / f"expect-{r}").write_bytes(firsts[r])
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, "--megatron-rank", str(r), "--config", str(config), "--chunk", str(chunk),
+             "-n", str(n), "--megatron-cache", str(cache), "--expect", str(work / f"expect-{r}"),
+             "--ready", str(work / f"ready-{r}"), "--go", str(work / "go")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    while not all((work / f"ready-{r}").exists() for r in range(ranks)):
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.05)
+    counts, start = Counts(proxy), time.time()
+    (work / "go").touch()
+    ends = []
+    for p in procs:
+        out, err = p.communicate()
+        if p.returncode:
+            raise SystemExit(f"megatron-core rank failed: {err.strip()[-2000:]}")
+        ends.append(json.loads(out.strip().splitlines()[-1])["end"] - start)
+    gets, fetched = counts.now()
+    samples = ranks * n * MBS
+    served = samples * (SEQ + 1) * 2
+    return {"ranks": ranks, "samples": samples, "seconds": max(ends), "samples_per_s": samples / max(ends),
+            "first_done": min(ends), "last_done": max(ends), "gets": gets, "fetched_bytes": fetched,
+            "served_bytes": served, "fetched_per_served": fetched / served}
+
+
+def show(name: str, r: dict) -> None:
+    line = (f"{name}: {r['samples_per_s']:,.1f} samples/s ({r['samples']} samples in {r['seconds']:.1f} s; "
+            f"ranks done {r['first_done']:.1f}-{r['last_done']:.1f} s); {r['gets']:,} GETs, "
+            f"{r['fetched_bytes'] / 1e6:,.1f} MB fetched for {r['served_bytes'] / 1e6:,.1f} MB served: "
+            f"{r['fetched_per_served']:,.2f}")
+    if "cpu_per_get_ms" in r:
+        line += (f"; daemon CPU {r['cpu_s']:.1f} s: {r['cpu_per_1000_samples']:.2f} s per 1,000 samples, "
+                 f"{r['cpu_per_get_ms']:.2f} ms per GET; peak RSS {r['rss_peak'] / 1e6:.0f} MB; "
+                 f"cache folder {r['cache_bytes'] / 1e6:.0f} MB; mounted in {r['mount_s']:.1f} s")
+    elif "cpu_s" in r:
+        line += f"; its process {r['cpu_per_1000_samples']:.2f} CPU s per 1,000 samples"
+    print(line, flush=True)
+
+
+def check_same(name: str, got: list[bytes], want: list[bytes]) -> None:
+    for r, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            raise SystemExit(f"{name}: rank {r}'s first micro-batch differs from mmfs's")
+
+
+def summary(best: dict, ceiling: dict) -> None:
+    print("\nbest round of each system:")
+    for name, r in best.items():
+        show(f"  {name}", r)
+    m8 = best["mmfs, 8 ranks"]
+    others = {k: r for k, r in best.items() if not k.startswith("mmfs") and r["ranks"] == DP}
+    rate = ceiling["samples_per_s"]
+    print(f"  ceiling ({ceiling['requests']:,} ranges, {MAX_REQUESTS} at once): boto3 through the proxy "
+          f"{rate['boto3']:,.0f} samples/s; a bare HTTP client through the proxy {rate['plain']:,.0f}, "
+          f"the same with no delay {rate['plain_no_delay']:,.0f}, straight at the server {rate['server']:,.0f}, "
+          f"through the tests' FaultProxy with no delay {rate['tests_proxy']:,.0f}")
+    print("\ntargets (issue 26), 8 ranks through one mount:")
+
+    def target(what: str, value: float, goal: float, at_most: bool) -> None:
+        met = value <= goal if at_most else value >= goal
+        print(f"  {what}: {value:,.2f} ({'at most' if at_most else 'at least'} {goal:g}): "
+              f"{'met' if met else 'NOT met'}")
+
+    target("daemon CPU per GET, ms", m8["cpu_per_get_ms"], TARGET_CPU_PER_GET_MS, True)
+    if others:
+        name, r = max(others.items(), key=lambda kv: kv[1]["samples_per_s"])
+        target(f"samples/s over the best other system ({name})", m8["samples_per_s"] / r["samples_per_s"],
+               TARGET_OVER_BEST_OTHER, False)
+    target("fetched / served", m8["fetched_per_served"], TARGET_FETCHED_PER_SERVED, True)
+    target("daemon peak RSS, MB", m8["rss_peak"] / 1e6, TARGET_RSS / 1e6, True)
+    target("samples/s over the boto3 ceiling", m8["samples_per_s"] / rate["boto3"], TARGET_OVER_CEILING, False)
+    spread = (m8["last_done"] - m8["first_done"]) / m8["last_done"]
+    print(f"  first and last rank finished {m8['last_done'] - m8['first_done']:.1f} s apart "
+          f"({100 * spread:.0f} % of the run)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "mmfs-s3-node-bench"))
+    parser.add_argument("--gib", type=float, default=2.1)
+    parser.add_argument("--budget", type=int, default=512 << 20, help="disk-cache bytes of every system")
+    parser.add_argument("--delay", type=float, default=0.02)
+    parser.add_argument("-n", type=int, default=25, help="micro-batch files each of 8 ranks reads")
+    parser.add_argument("--n-alone", type=int, default=50, help="micro-batch files rank 0 reads alone")
+    parser.add_argument("--megatron-n", type=int, default=10, help="micro-batches each megatron-core rank reads")
+    parser.add_argument("--chunk", type=int, default=64 << 10, help="megatron-core's bin_chunk_nbytes")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--max-seconds", type=float, default=60,
+                        help="s3fs's and rclone's ranks start no file after this (s3fs re-downloads under a budget)")
+    parser.add_argument("--skip", default="", help="comma-separated: s3fs, rclone, megatron")
+    parser.add_argument("--plain", help=argparse.SUPPRESS)  # the bare client's own process
+    parser.add_argument("--proxy", type=int, help=argparse.SUPPRESS)  # the proxy's own process
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--megatron-rank", type=int, help=argparse.SUPPRESS)  # a megatron-core rank's process
+    for hidden in ("--config", "--megatron-cache", "--expect", "--ready", "--go"):
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.plain:
+        print(replay_plain(json.loads(Path(args.plain).read_text()), args.port, args.threads))
+        return 0
+    if args.proxy:
+        serve_proxy(args.proxy, args.delay)
+        return 0
+    if args.megatron_rank is not None:
+        args.rank = args.megatron_rank
+        megatron_rank(args)
+        return 0
+
+    skip = set(filter(None, args.skip.split(",")))
+    if "megatron" not in skip:
+        try:
+            import megatron.core  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError:
+            print("megatron-core: torch or megatron-core not in this Python, skipped")
+            skip.add("megatron")
+    root = Path(args.data)
+    store.ensure_data(root, args.gib)
+    bin_size = (root / BUCKET / f"{KEY}.bin").stat().st_size
+    if bin_size < 4 * args.budget:
+        print(f"note: the dataset is {bin_size / args.budget:.1f}x the budget (the issue asks at least 4x)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(CREDENTIALS)
+    env["PYTHONPATH"] = str(store.ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    os.environ.update(CREDENTIALS)
+    print(f"dataset s3://{BUCKET}/{KEY}: {bin_size / (1 << 30):.2f} GiB uint16, sequence length {SEQ}, dp {DP}, "
+          f"mbs {MBS}; disk-cache budget {args.budget / (1 << 20):.0f} MiB ({bin_size / args.budget:.1f}x under "
+          f"the dataset); {args.delay * 1000:.0f} ms added per request; {args.rounds} round(s)", flush=True)
+    best: dict[str, dict] = {}
+    ceilings: list[dict] = []
+    with store.localbucket(root) as port, tempfile.TemporaryDirectory(prefix="mmfs-node-bench-") as tmp:
+        proxy = LeanProxy(port, args.delay)
+        env["AWS_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL"] = proxy.url
+        store.s3_client(proxy.url).head_object(Bucket=BUCKET, Key=f"{KEY}.bin")  # localbucket hashes it once
+
+        def keep(name: str, r: dict) -> None:
+            show(name, r)
+            if name not in best or r["samples_per_s"] > best[name]["samples_per_s"]:
+                best[name] = r
+
+        for i in range(args.rounds):
+            work = Path(tmp) / f"round-{i}"
+            print(f"round {i + 1}:", flush=True)
+            keep("mmfs, rank 0 alone", run_mmfs(work / "mmfs-1", proxy, env, 1, args.n_alone, args.budget))
+            m8 = run_mmfs(work / "mmfs-8", proxy, env, DP, args.n, args.budget)
+            keep("mmfs, 8 ranks", m8)
+            ceilings.append(c := run_ceilings(work, proxy, port, m8))
+            rate = c["samples_per_s"]
+            print(f"ceiling, the same {c['requests']:,} ranges {MAX_REQUESTS} at once: boto3 {rate['boto3']:,.0f} "
+                  f"samples/s; bare HTTP {rate['plain']:,.0f}, with no delay {rate['plain_no_delay']:,.0f}, "
+                  f"at the server {rate['server']:,.0f}, the tests' proxy {rate['tests_proxy']:,.0f}", flush=True)
+            for kind in ("s3fs", "rclone"):
+                if kind not in skip:
+                    r = run_mounted(kind, work / kind, proxy, env, args.n, args.budget, args.max_seconds)
+                    check_same(kind, r["firsts"], m8["firsts"])
+                    keep(f"{kind}, 8 ranks", r)
+            if "megatron" not in skip:
+                for ranks in (1, DP):
+                    keep(f"megatron-core S3 reader, {'rank 0 alone' if ranks == 1 else '8 ranks'}",
+                         run_megatron(work / f"megatron-{ranks}", proxy, work / "mmfs-8" / "s3.yaml", ranks,
+                                      args.megatron_n, args.chunk, m8["firsts"], Path(tmp) / "megatron"))
+        proxy.close()
+    ceiling = max(ceilings, key=lambda c: c["samples_per_s"]["boto3"])
+    summary(best, ceiling)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
