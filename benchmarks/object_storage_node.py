@@ -167,21 +167,21 @@ def serve_proxy(server_port: int, delay: float) -> None:
                 writer.write(reply)
                 status = int(reply.split(b" ", 2)[1])
                 left = 0 if method == b"HEAD" or status in (204, 304) else int(header(reply, b"content-length") or 0)
-                sent = left
+                if method == b"GET":
+                    state["gets"] += 1
+                    rng = header(head, b"range")
+                    if rng and state["ranges"] is not None:
+                        state["ranges"].append((path.decode(), rng.decode()))
                 while left:
                     chunk = await up_reader.read(min(left, 1 << 20))
                     if not chunk:
                         raise ConnectionError("the server closed mid-body")
                     writer.write(chunk)
                     left -= len(chunk)
+                    if method == b"GET":  # counted as it goes: rclone drops a whole-object GET midway
+                        state["get_bytes"] += len(chunk)
                     await writer.drain()
                 await writer.drain()
-                if method == b"GET":
-                    state["gets"] += 1
-                    state["get_bytes"] += sent
-                    rng = header(head, b"range")
-                    if rng and state["ranges"] is not None:
-                        state["ranges"].append((path.decode(), rng.decode()))
                 if (header(reply, b"connection") or b"").lower() == b"close":
                     up_writer.close()
                     upstream = None
