@@ -142,6 +142,11 @@ def native_plan(plan: RankPlan, placer: ArrayPlacer | None = None):
     return c
 
 
+# torch.Generator.manual_seed takes seeds up to 2**64 - 1 (and keeps their low 32
+# bits for its MT19937, as randperm does here): the last epoch a cyclic sampler has.
+MAX_TORCH_SEED = 2**64 - 1
+
+
 def plan_stream(total: int, micro_batch_size: int, data_parallel_size: int, consumed: int,
                 dataloader_type: str = "single", data_sharding: bool = True) -> RankPlan:
     """The pass Megatron's sampler makes when it is built with this layout and
@@ -163,6 +168,9 @@ def plan_stream(total: int, micro_batch_size: int, data_parallel_size: int, cons
         raise SamplerError(f"the cyclic sampler over {total} samples needs at least micro_batch_size x "
                            f"data_parallel_size = {group} (Megatron divides by zero)")
     epoch, offset = divmod(consumed, active)
+    if epoch > MAX_TORCH_SEED:
+        raise SamplerError(f"consumed_samples {consumed} is in epoch {epoch}: Megatron's cyclic sampler seeds "
+                           f"torch's generator with the epoch, which takes at most 2**64 - 1 (torch raises)")
     if offset % group:
         raise SamplerError(f"consumed_samples {consumed} is {offset} into its epoch, not a multiple of "
                            f"micro_batch_size x data_parallel_size = {group} (Megatron's cyclic sampler asserts)")

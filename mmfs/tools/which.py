@@ -8,7 +8,16 @@ block's batch-size schedule (constant: c = (I-1) * global_batch_size); that is
 micro-batches c / (micro_batch_size * data_parallel_size) onwards of every rank,
 B / (micro_batch_size * data_parallel_size) of them. The stream is the one of an
 uninterrupted run from consumed_samples 0 (rankplan.stream_microbatch), so it runs
-on into later epochs of a cyclic sampler."""
+on into later epochs of a cyclic sampler.
+
+For valid and test the iteration is an evaluation step, counted from 1 over all of
+the run's evaluations (the valid iterator goes on from one evaluation to the
+next): Megatron's evaluate() reads a constant eval global batch per step
+(TrainingConfig.eval_global_batch_size), whatever the training schedule.
+
+--consumed C gives the global batch a job resumed at consumed_samples C reads: C
+onwards, of the size the calculator gives for C (which under a schedule may
+differ from the size of the uninterrupted run's iteration around C)."""
 
 from __future__ import annotations
 
@@ -61,13 +70,14 @@ def which(target: str, iteration: int | None, split: str = "train", rank: int | 
     if t is None:
         raise ConfigError(f"{config_path}: training: missing: mmfs which needs the block "
                           "(data_parallel_size, micro_batch_size, global_batch_size)")
-    if t.schedule is None:
+    schedule = t.split_schedule(split)
+    if schedule is None:
         raise ConfigError(f"{config_path}: training.global_batch_size: missing: an iteration reads one global "
                           "batch, so mmfs which needs its size (or a step_batch_size_schedule)")
     if split not in corpus.splits:
         raise WhichError(f"{config_path}: the {split} split has no samples (splits: {', '.join(corpus.splits)})")
     mbs, dp = t.micro_batch_size, t.data_parallel_size
-    start, batch_size, iteration = _global_batch(t.schedule, iteration, consumed, mbs * dp)
+    start, batch_size, iteration = _global_batch(schedule, iteration, consumed, mbs * dp)
     per_iteration = batch_size // (mbs * dp)
     ranks = range(dp) if rank is None else [rank]
     if rank is not None and not 0 <= rank < dp:
