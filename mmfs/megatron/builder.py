@@ -316,12 +316,13 @@ class Builder:
 
     # -- all splits ------------------------------------------------------------------
 
-    def build(self) -> dict[str, SplitIndices]:
+    def build(self, splits: tuple[str, ...] = SPLITS) -> dict[str, SplitIndices]:
+        """Every split of `splits` (a run in phases builds its train split itself)."""
         c = self.config
         if c.blend is not None:
             matrix = split_matrix(c.split)
             key = "datasets" if c.raw.get("datasets") is not None else "data_path"
-            bookends = {s: matrix[i] for i, s in enumerate(SPLITS)}
+            bookends = {s: matrix[i] for i, s in enumerate(SPLITS) if s in splits}
             plans = self._plan_blend(c.blend.datasets, c.blend.weights, bookends, key,
                                      per_split=False)
         else:
@@ -372,7 +373,8 @@ class Builder:
                               "lengths and its BlendedDataset asserts that every weight is above 0. "
                               f"Give {split} a larger share, set its share to 0, or leave the dataset out")
 
-    def _plan_blend(self, specs, weights, bookends: dict, key: str, per_split: bool) -> list[dict]:
+    def _plan_blend(self, specs, weights, bookends: dict, key: str, per_split: bool,
+                    split_sizes: dict | None = None) -> list[dict]:
         """What each split needs: its GPTDataset tasks and, where it blends, the blend."""
         c = self.config
         if len(specs) > MAX_DATASETS:
@@ -383,7 +385,7 @@ class Builder:
         for split, bookend in bookends.items():
             if bookend is None:
                 continue
-            size = c.samples[split]
+            size = c.samples[split] if split_sizes is None else split_sizes[split]
             p: dict = {"split": split, "key": key, "specs": list(specs), "drawn": []}
             # Megatron: one prefix without weights is the GPTDataset itself; with
             # blend_per_split, one prefix is never blended.
