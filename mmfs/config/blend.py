@@ -195,7 +195,7 @@ def with_texts(blend: Blend, tokenizer: TokenizerBlock, folder: str, checker: Ch
     `folder` (tokenized when the corpus is opened; see megatron/tokenized.py)."""
     specs = []
     for i, d in enumerate(blend.datasets):
-        if d.json_key is not None:
+        if d.json_key is not None and d.text is None:  # (a phase may reuse a blend already done)
             if tokenizer.spec is None:
                 raise checker.fail(f"{key}[{i}].path", "a text dataset is tokenized with the config's tokenizer: "
                                                        "give tokenizer.type (and its model, or vocab_file and "

@@ -107,11 +107,13 @@ def file_name(i: int, width: int) -> str:
 XATTR_DATASET = "user.mmfs.dataset"
 XATTR_PIECES = "user.mmfs.pieces"
 XATTR_SAMPLES = "user.mmfs.samples"
+XATTR_PHASE = "user.mmfs.phase"  # a run in phases (docs/phases.md): the train sample's phase
 XATTR_DOCS = {
     XATTR_DATASET: "name of the dataset a sample was cut from",
     XATTR_PIECES: "space-separated sequence:offset:length triples, in sample order "
     "(sequence ids of that dataset; offsets and lengths in tokens)",
     XATTR_SAMPLES: "on a micro-batch file: its sample ids in the split, space-separated, in batch order",
+    XATTR_PHASE: "on a train sample of a run in phases: its phase (index in mmfs.json's phases.phases, from 0)",
 }
 
 # -- mmfs.json keys a loader reads --------------------------------------------------
@@ -128,6 +130,7 @@ KEY_SPLITS = "splits"  # {split: {KEY_PATH, KEY_NAME_WIDTH, ...}}
 KEY_PATH = "path"
 KEY_NAME_WIDTH = "name_width"
 KEY_TRAINING = "training"
+KEY_PHASES = "phases"  # a run in phases: {phase_mode, phases: [{phase, start_sample, end_sample, datasets}]}
 # ... and in the training section:
 KEY_DATA_PARALLEL_SIZE = "data_parallel_size"
 KEY_MICRO_BATCH_SIZE = "micro_batch_size"
