@@ -138,8 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="does a job resumed on another layout read every sample exactly once?")
     p.add_argument("config", help="the YAML config the job ran with (its training: block)")
     p.add_argument("--consumed", type=int, required=True, help="consumed_samples at the checkpoint")
-    p.add_argument("--to", required=True, metavar="dp=D,mbs=M[,sampler=single|cyclic][,sharding=true|false]",
+    p.add_argument("--to", metavar="dp=D,mbs=M[,sampler=single|cyclic][,sharding=true|false]",
                    help="the layout the job resumes on")
+    p.add_argument("--to-config", metavar="NEW_CONFIG",
+                   help="the config the job resumes with (a phase added or changed at the resume point)")
     p.add_argument("--split", default="train", choices=SPLITS)
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     add_config_parser(sub, common)

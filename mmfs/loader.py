@@ -30,6 +30,7 @@ gives every sample its own mask (what Megatron gives a fresh dataset object).
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from collections.abc import Iterator
@@ -87,6 +88,9 @@ class Mount:
         self.pad_in_dtype = int(np.array(self.pad).astype(self.dtype))
         self.samples: dict[str, int] = {k: int(v) for k, v in info[contract.KEY_SAMPLES].items()}
         self.training: dict[str, Any] | None = info.get(contract.KEY_TRAINING)
+        # a run in phases (docs/phases.md): each phase's [start_sample, end_sample) of train
+        self.phases: dict[str, Any] | None = info.get(contract.KEY_PHASES)
+        self._phase_starts = [int(p["start_sample"]) for p in self.phases["phases"]] if self.phases else []
 
     # -- samples ----------------------------------------------------------------
 
@@ -94,6 +98,15 @@ class Mount:
         if not isinstance(split, str) or split not in self.samples:
             raise LoaderError(f"{self.path}: no split {split!r} (the mount has {', '.join(self.samples)})")
         return self.info[contract.KEY_SPLITS][split]
+
+    def phase(self, split: str, i: int) -> int | None:
+        """The phase of sample i (an index into mmfs.json's phases.phases), or None
+        where the split is not phased (valid, test, a run without phases)."""
+        self._split(split)
+        i = _whole("i", i)
+        if split != "train" or not self._phase_starts:
+            return None
+        return bisect.bisect_right(self._phase_starts, i) - 1
 
     def sample_path(self, split: str, i: int) -> str:
         s = self._split(split)

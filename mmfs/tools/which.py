@@ -15,6 +15,10 @@ the run's evaluations (the valid iterator goes on from one evaluation to the
 next): Megatron's evaluate() reads a constant eval global batch per step
 (TrainingConfig.eval_global_batch_size), whatever the training schedule.
 
+In a run in phases (config `phases:`, docs/phases.md) the answer names the phase
+of the batch and of each train sample: the phase whose samples
+[start_sample, end_sample) of the run hold it.
+
 --consumed C gives the global batch a job resumed at consumed_samples C reads: C
 onwards, of the size the calculator gives for C (which under a schedule may
 differ from the size of the uninterrupted run's iteration around C)."""
@@ -88,11 +92,14 @@ def which(target: str, iteration: int | None, split: str = "train", rank: int | 
     reader = corpus.splits[split]
     plan = plan_ranks(len(reader), mbs, dp, t.dataloader_type, t.data_sharding)
     datasets = {d.name: d.dataset for d in corpus.datasets}
+    phases = corpus.config.phases if split == "train" else None
     out: dict[str, Any] = {
         "config": config_path, "split": split, "iteration": iteration,
         "consumed_samples": [start, start + batch_size], "global_batch_size": batch_size,
         "sampler": plan.kind, "data_parallel_size": dp, "micro_batch_size": mbs,
-        "microbatches_per_iteration": per_iteration, "ranks": [],
+        "microbatches_per_iteration": per_iteration,
+        **({} if phases is None else {"phases": _phases_of(phases, start, start + batch_size)}),
+        "ranks": [],
     }
     for r in ranks:
         batches = []
@@ -110,7 +117,7 @@ def which(target: str, iteration: int | None, split: str = "train", rank: int | 
                 "microbatch": k, "stream_index": n, "epoch": epoch,
                 "file": f"{rank_dir(split, r, rank_name_width(dp)).lstrip('/')}/"
                 f"{file_name(n, name_width(plan.files_per_rank))}" if n < plan.files_per_rank else None,
-                "samples": [_sample(reader, datasets, int(i), decode) for i in ids],
+                "samples": [_sample(reader, datasets, int(i), decode, phases) for i in ids],
             })
         out["ranks"].append({"rank": r, "microbatches": batches})
     return out
@@ -133,7 +140,17 @@ def _global_batch(schedule, iteration: int | None, consumed: int | None,
     return consumed, schedule.batch_size_at(consumed), at if offset == 0 else None
 
 
-def _sample(reader, datasets: dict, i: int, decode) -> dict[str, Any]:
+def _phases_of(phases, first: int, end: int) -> list[dict[str, Any]]:
+    """The phases of the run's samples [first, end) (one, since phases start where a
+    global batch of the run starts, unless a resumed job's batch crosses a start)."""
+    hit = range(phases.phase_of(first), phases.phase_of(end - 1) + 1)
+    bounds = phases.bounds()
+    return [{"phase": k, "start_iteration": phases.phases[k].start_iteration,
+             "start_sample": bounds[k][0], "end_sample": bounds[k][1], "phase_mode": phases.mode,
+             "datasets": {d.name: d.weight for d in phases.phases[k].blend.datasets}} for k in hit]
+
+
+def _sample(reader, datasets: dict, i: int, decode, phases=None) -> dict[str, Any]:
     name, pieces = reader.provenance(i)
     dataset = datasets[name]
     start = 0
@@ -145,7 +162,10 @@ def _sample(reader, datasets: dict, i: int, decode) -> dict[str, Any]:
             row["text"] = decode(dataset.get(seq, offset, length))
         rows.append(row)
         start += length
-    return {"sample": i, "dataset": name, "pieces": rows}
+    out = {"sample": i, "dataset": name, "pieces": rows}
+    if phases is not None:
+        out["phase"] = phases.phase_of(i)
+    return out
 
 
 # -- decoding --------------------------------------------------------------------------
@@ -178,6 +198,11 @@ def _print_text(result: dict[str, Any]) -> None:
           f"(consumed_samples {lo}..{hi}, global batch {hi - lo}), {result['sampler']} sampler, data_parallel_size "
           f"{result['data_parallel_size']}, micro_batch_size {result['micro_batch_size']}, "
           f"{result['microbatches_per_iteration']} micro-batch(es) per rank")
+    for p in result.get("phases", ()):
+        start = "" if p["start_iteration"] is None else f"from iteration {p['start_iteration'] + 1}, "
+        weights = ", ".join(f"{name} {w:g}" for name, w in p["datasets"].items())
+        print(f"phase {p['phase']} ({start}samples {p['start_sample']}..{p['end_sample']}, "
+              f"{p['phase_mode']}): {weights}")
     for r in result["ranks"]:
         for b in r["microbatches"]:
             where = f", epoch {b['epoch']}" if b["epoch"] else ""
@@ -185,7 +210,8 @@ def _print_text(result: dict[str, Any]) -> None:
             print(f"rank {r['rank']} micro-batch {b['microbatch']} (the rank's micro-batch "
                   f"{b['stream_index']}{where}{file}):")
             for s in b["samples"]:
-                print(f"  sample {s['sample']}  dataset {s['dataset']}")
+                phase = f"  phase {s['phase']}" if "phase" in s else ""
+                print(f"  sample {s['sample']}  dataset {s['dataset']}{phase}")
                 for p in s["pieces"]:
                     a, z = p["sample_tokens"]
                     so, sz = p["sequence_tokens"]
