@@ -252,7 +252,7 @@ class Mount:
 
     def microbatch_file(self, path: str, **flags: bool) -> dict[str, np.ndarray]:
         """A micro-batch file (of ranks/ or streams/) as megatron_batch of its samples,
-        plus `sample_ids`."""
+        plus `sample_ids`, and in a run in phases the `phase` of each train sample."""
         _check_flags(flags)
         raw = np.frombuffer(_read(path), dtype=self.dtype).reshape(-1, self.tokens_per_sample)
         ids = [int(x) for x in _xattr(path, contract.XATTR_SAMPLES).split()]
@@ -261,6 +261,8 @@ class Mount:
         split = os.path.relpath(path, self.path).split(os.sep)[0]
         batch = self._items(raw, lambda row: self.pieces(split, ids[row]), flags)
         batch["sample_ids"] = np.asarray(ids, dtype=np.int64)
+        if split == "train" and self._phase_starts:
+            batch["phase"] = np.asarray([self.phase(split, i) for i in ids], dtype=np.int64)
         return batch
 
     # -- GPTDataset.__getitem__, for a stack of samples ---------------------------------

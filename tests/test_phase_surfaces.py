@@ -151,6 +151,24 @@ def test_the_loader_reads_the_phased_run(run):
     assert mount.phase("valid", 0) is None
     batch = next(mount.megatron_batches("train", 0, consumed_samples=BOUNDARIES[1]))
     assert batch["tokens"].shape == (2, 32)
+    rank_file = mount.microbatch_file(mount.microbatch_path("train", 1, first))
+    assert rank_file["phase"].tolist() == [_phase(int(i)) for i in rank_file["sample_ids"]]
+    stream = mount.stream_files("train", 0, 4, 1, 72)  # the files a resumed torch RankStream reads
+    phases = [mount.microbatch_file(f)["phase"].tolist() for f in stream[:4]]
+    assert phases == [[0], [0], [1], [1]]
+    assert "phase" not in mount.microbatch_file(mount.microbatch_path("valid", 0, 0))
+
+
+def test_the_grain_source_reads_the_phased_run(run):
+    from mmfs.adapters.grain import SampleSource
+
+    path, corpus, m = run
+    reader = corpus.splits["train"]
+    source = SampleSource(m.path, "train")
+    for i in (BOUNDARIES[0] - 1, BOUNDARIES[0], BOUNDARIES[1] - 1, BOUNDARIES[1]):
+        assert source[i].tobytes() == reader.read(i)
+    item = SampleSource(m.path, "train", megatron=True)[BOUNDARIES[1]]
+    assert set(item) >= {"tokens", "labels", "loss_mask", "position_ids"}
 
 
 # -- resume-check -------------------------------------------------------------------
