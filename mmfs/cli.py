@@ -67,7 +67,9 @@ def add_config_parser(sub, common: argparse.ArgumentParser) -> None:
     """`mmfs config --from-megatron ARGS...`: the YAML config for Megatron-LM's arguments."""
     p = sub.add_parser("config", parents=[common], help="print the YAML config of Megatron-LM launch arguments")
     p.add_argument("--from-megatron", nargs=argparse.REMAINDER, required=True, metavar="ARGS",
-                   help="Megatron-LM's arguments (pretrain_gpt.py's), or @FILE holding them; the rest of the line")
+                   help="Megatron-LM's arguments (pretrain_gpt.py's), or @FILE holding them; the rest of the line. "
+                        "A run in phases (--phase-transition-iterations): one launch per phase, separated by "
+                        "--next-phase")
 
 
 def build_parser() -> argparse.ArgumentParser:
