@@ -34,7 +34,7 @@ COMMANDS = {
     "bench": "mmfs.tools.bench:bench_command",
     "which": "mmfs.tools.which:which_command",
     "resume-check": "mmfs.tools.resume_check:resume_check_command",
-    "config": "mmfs.tools.megatron_args:config_command",
+    "config": "mmfs.tools.megatron_phase_args:config_command",  # one launch, or one per phase
     "preprocess": "mmfs.tools.preprocess.command:preprocess_command",
 }
 

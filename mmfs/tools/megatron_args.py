@@ -317,9 +317,6 @@ def render(config: dict[str, Any], comments: list[str]) -> str:
 
 
 def config_command(args) -> int:
-    from mmfs.tools.megatron_phase_args import to_phased_config, wants_phases  # it builds on this module
-
-    phased = wants_phases(expand_args(args.from_megatron))
-    config, comments = (to_phased_config if phased else to_config)(args.from_megatron)
+    config, comments = to_config(args.from_megatron)
     sys.stdout.write(render(config, comments))
     return 0

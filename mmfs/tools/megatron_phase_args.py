@@ -13,9 +13,10 @@ as for one launch; they may differ only in their data arguments.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from mmfs.tools.megatron_args import MegatronArgsError, expand_args, to_config
+from mmfs.tools.megatron_args import MegatronArgsError, expand_args, render, to_config
 
 NEXT_PHASE = "--next-phase"
 TRANSITIONS = "--phase-transition-iterations"
@@ -154,3 +155,11 @@ def to_phased_config(argv: list[str], environ: dict | None = None) -> tuple[dict
     for key in DATA_KEYS:
         out.pop(key, None)
     return out, [*comments, *CONTINUE_NOTE]
+
+
+def config_command(args) -> int:
+    """`mmfs config --from-megatron ...`: one launch, or one per phase."""
+    argv = args.from_megatron
+    config, comments = (to_phased_config if wants_phases(expand_args(argv)) else to_config)(argv)
+    sys.stdout.write(render(config, comments))
+    return 0
