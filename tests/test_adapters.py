@@ -138,18 +138,23 @@ def test_torch_example_resumes_on_another_data_parallel_size(tmp_path):
     _torch()
     example = Path(__file__).resolve().parent.parent / "examples" / "torch_train.py"
     ckpt = tmp_path / "ckpt.pt"
-    with _mounted_case(tmp_path, "p2_blend2_u16", {"data_parallel_size": 4, "micro_batch_size": 2}) as m:
+    training = {"data_parallel_size": 4, "micro_batch_size": 2, "global_batch_size": 16}
+    with _mounted_case(tmp_path, "p2_blend2_u16", training) as m:
         def run(*args: str) -> list[str]:
             proc = subprocess.run([sys.executable, str(example), str(m.path), "--checkpoint", str(ckpt),
                                    "--iterations", "3", *args], capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stderr
             return proc.stdout.splitlines()
 
+        # An iteration is a global batch (2 micro-batches of each rank), as in Megatron.
         first = run()
-        assert [line.split()[1] for line in first] == ["8", "16", "24"]
+        assert [line.split()[1] for line in first] == ["16", "32", "48"]
+        assert first[0].endswith("samples [0, 1, 8, 9]")
+        # Resumed on dp 2, the global batch stays 16: 4 micro-batches of each rank.
         resumed = run("--data-parallel-size", "2", "--workers", "1")
-        assert resumed[0] == "resuming at consumed_samples 24"
-        assert [line.split()[1] for line in resumed[1:]] == ["28", "32", "36"]
-        # Megatron's single sampler on dp 2, mbs 2 from 24: rank 0 reads [24, 25], [28, 29], ...
-        want = [f"samples {[24 + 4 * k, 25 + 4 * k]}" for k in range(3)]
+        assert resumed[0] == "resuming at consumed_samples 48"
+        assert [line.split()[1] for line in resumed[1:]] == ["64", "80", "96"]
+        # Megatron's single sampler on dp 2, mbs 2 from 48: rank 0 reads [48, 49], [52, 53], ...
+        want = [f"samples {[i for k in range(4 * it, 4 * it + 4) for i in (48 + 4 * k, 49 + 4 * k)]}"
+                for it in range(3)]
         assert [line[line.rindex("samples ["):] for line in resumed[1:]] == want

@@ -1,7 +1,8 @@
 """The documentation stays true: README.md is short and links every page of docs/,
 the fenced `sh` blocks of each page run (in order, in one shell, from a folder that
-holds the demo corpus and its config, as after `make demo`), and every `mmfs`
-command shown in any other block is one the command line accepts."""
+holds the demo corpus and its config, as after `make demo`) and leave nothing there
+that git would show, and every `mmfs` command shown in any other block is one the
+command line accepts."""
 
 from __future__ import annotations
 
@@ -110,3 +111,23 @@ def test_sh_blocks_run(page, demo_folder, tmp_path):
     finally:
         force_unmount(work / "mnt")
     assert run.returncode == 0, f"{page.name}: exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    # Run in a checkout, the blocks leave nothing git would show: only folders it
+    # ignores (tour/ holds the tours' own files) and empty ones (mnt after umount).
+    ignored = {line.strip("/") for line in (ROOT / ".gitignore").read_text().splitlines()
+               if line.startswith("/") and line.count("/") <= 2}
+    left = sorted(e.name for e in work.iterdir() if e.name not in ignored and not os.path.islink(e)
+                  and not (e.is_dir() and not any(e.iterdir())))
+    assert left == [], f"{page.name} leaves {left} in the repository's folder: put a tour's files in tour/"
+
+
+def test_the_object_storage_page_tries_a_bucket_on_this_machine():
+    # Its sh blocks run above: a local S3-protocol server, a dataset uploaded, a mount.
+    script = "\n".join(body for info, body in blocks(ROOT / "docs" / "object-storage.md") if info == "sh")
+    assert "moto.server -H 127.0.0.1" in script and "upload_file" in script
+    assert re.search(r"^mmfs mount \S+ mnt$", script, re.M) and "s3://" in script and "kill $SERVER" in script
+
+
+@pytest.mark.parametrize("page", sorted({page for page, _ in RUNNABLE}), ids=lambda p: p.name)
+def test_sh_blocks_reach_only_this_machine(page):
+    script = "\n".join(body for info, body in blocks(page) if info == "sh")
+    assert {host for host in re.findall(r"\w+://([^/:\s\"']+)", script) if "." in host} <= {"127.0.0.1"}

@@ -1,9 +1,11 @@
 """The C and Rust readers of examples/ read a rank's micro-batches (from mmfs.json
-alone) exactly as mmfs.loader does, from the start and on resume."""
+alone) exactly as mmfs.loader does, from the start and on resume; the PyTorch
+example steps a global batch at a time, as Megatron's iterations do."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -83,3 +85,35 @@ def test_the_examples_read_only_mmfs_json_fields_the_training_section_has(layout
         assert key in t
         assert key in (EXAMPLES / "c" / "mmfs_rank_reader.c").read_text()
         assert key in (EXAMPLES / "rust" / "src" / "main.rs").read_text()
+
+
+def _torch_train():
+    """examples/torch_train.py as a module (torch is imported only when it runs)."""
+    spec = importlib.util.spec_from_file_location("torch_train", EXAMPLES / "torch_train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stream(consumed: int, micro_batch_size: int, data_parallel_size: int, count: int) -> list[dict]:
+    """What RankStream gives: each micro-batch with the consumed_samples after it."""
+    step = micro_batch_size * data_parallel_size
+    return [{"consumed_samples": consumed + (k + 1) * step} for k in range(count)]
+
+
+def test_the_torch_example_steps_a_global_batch_as_megatron_does():
+    example = _torch_train()
+    # dp 4, mbs 2, global batch 16: an iteration is 2 micro-batches of each rank, and
+    # every checkpoint (after an iteration) holds a multiple of 16, as Megatron's does.
+    per = example.microbatches_per_iteration(16, 2, 4)
+    assert per == 2
+    groups = list(example.iterations(_stream(0, 2, 4, 9), per))
+    assert [g[-1]["consumed_samples"] for g in groups] == [16, 32, 48, 64]  # the 9th micro-batch: no iteration
+    # Resumed at 48 on dp 2: the global batch stays, so an iteration is 4 micro-batches.
+    per = example.microbatches_per_iteration(16, 2, 2)
+    assert [g[-1]["consumed_samples"] for g in example.iterations(_stream(48, 2, 2, 8), per)] == [64, 80]
+    with pytest.raises(ValueError, match=r"global batch size \(16\) is not divisible by micro batch size \(2\) "
+                                         r"times data parallel size \(3\)"):
+        example.microbatches_per_iteration(16, 2, 3)
+    with pytest.raises(ValueError):
+        example.microbatches_per_iteration(4, 2, 4)  # less than one micro-batch of every rank

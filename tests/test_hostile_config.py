@@ -116,6 +116,17 @@ REFUSED = {
                      "valid: [{path: data/u16_small, weight: 1}]}")
             .replace('split: "90,8,2"\n', "").replace("{train: 100, valid: 10, test: 5}", "{train: 100}"),
         "samples.valid: missing"),
+    "eod that uint16 tokens cannot hold": (BASE.replace("eod: 50256", "eod: 70000"),
+                                           "tokenizer.eod: 70000 cannot occur in the datasets' uint16 tokens"),
+    "pad that uint16 tokens cannot hold": (BASE.replace("pad: null", "pad: 70000"),
+                                           "tokenizer.pad: 70000 does not fit the datasets' uint16 tokens"),
+    "dataset path ending in .bin": (BASE.replace("data/u16_docs}", "data/u16_docs.bin}"),
+                                    "datasets[0].path: data/u16_docs.bin ends in .bin: Megatron appends"),
+    "dataset path ending in .idx": (BASE.replace("data/u16_docs}", "data/u16_docs.idx}"),
+                                    "give the prefix data/u16_docs"),
+    "data_path entry ending in .idx": (BASE.replace("datasets: [{path: data/u16_docs}]",
+                                                    'data_path: "data/u16_small data/u16_docs.idx"'),
+                                       "data_path[1].path: data/u16_docs.idx ends in .idx"),
     "data_path weight after a path": (
         BASE.replace("datasets: [{path: data/u16_docs}]",
                      'data_path: "data/u16_docs data/u16_small 0.5 data/i32_docs"'), "data_path"),
@@ -129,6 +140,13 @@ def test_refused_in_one_line(tmp_path, case):
     code, out, err = run_cli("build", path)
     assert_one_line_error(code, err, path, fragment)
     assert out == ""
+
+
+@pytest.mark.parametrize("datasets", ["[{path: data/i32_docs}]", "[{path: data/u16_docs}, {path: data/i32_docs}]"])
+def test_token_ids_past_uint16_are_taken_when_a_dataset_holds_int32(tmp_path, datasets):
+    text = BASE.replace("[{path: data/u16_docs}]", datasets).replace("eod: 50256, pad: null", "eod: 70000, pad: 70001")
+    code, _out, err = run_cli("build", write(str(tmp_path), text))
+    assert code == 0, err
 
 
 def test_config_file_that_is_not_a_regular_file(tmp_path):

@@ -230,3 +230,81 @@ def test_megatrons_data_path_string_takes_text_files(tmp_path):
     outputs = tokenized(tmp_path)
     assert [p.name.split("-")[0] for p in outputs] == ["a", "b"]
     assert pair_bytes(outputs[0].with_suffix("")) == pair_bytes(outputs[1].with_suffix(""))
+
+
+def test_tokenizing_works_from_a_folder_holding_another_mmfs_package(tmp_path):
+    # A source checkout with a normal install: the current folder's mmfs/ is not the
+    # one running (here one that cannot even be imported); the tokenizing child must
+    # import the parent's mmfs, not the folder's.
+    (tmp_path / "mmfs").mkdir()
+    (tmp_path / "mmfs" / "__init__.py").write_text("raise ImportError('the folder mmfs, not the running one')\n")
+    shutil.copy(CORPUS, tmp_path / "corpus.jsonl")
+    config = write_config(tmp_path, "corpus.jsonl", {"type": "ByteLevel"})
+    root = Path(__file__).resolve().parent.parent
+    run_installed = f"import sys; sys.path.insert(0, {str(root)!r}); from mmfs.cli import main; sys.exit(main())"
+    proc = subprocess.run([sys.executable, "-c", run_installed, "build", config.name], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(tokenized(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("when", ["while the child reads it", "before the child starts"])
+def test_a_text_rewritten_while_it_is_tokenized_is_refused_and_nothing_kept(tmp_path, monkeypatch, capsys, when):
+    # The rewrite is injected where the parent starts or waits for the tokenizing child:
+    # either way the pair written is not of the text whose identity names it.
+    import types
+
+    from mmfs.megatron import tokenized as tokenized_module
+    corpus = tmp_path / "corpus.jsonl"
+    shutil.copy(CORPUS, corpus)
+
+    def rewrite() -> None:
+        corpus.write_text('{"text": "another text, written meanwhile"}\n' * 50)
+
+    class Rewriting(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            if when == "before the child starts":
+                rewrite()
+            super().__init__(*args, **kwargs)
+
+        def wait(self, timeout=None):
+            code = super().wait(timeout)
+            if when == "while the child reads it":
+                rewrite()
+            return code
+
+    monkeypatch.setattr(tokenized_module, "subprocess", types.SimpleNamespace(
+        Popen=Rewriting, DEVNULL=subprocess.DEVNULL, PIPE=subprocess.PIPE))
+    config = write_config(tmp_path, "corpus.jsonl", {"type": "ByteLevel"})
+    assert main(["-q", "build", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "corpus.jsonl: the file changed while it was tokenized" in err[0], err
+    assert tokenized(tmp_path) == [] and list((tmp_path / "cache" / "text").glob("*.bin")) == []
+    monkeypatch.undo()
+    # Once it stays put, the new text is tokenized under a name of its own.
+    assert main(["-q", "build", str(config)]) == 0
+    [prefix] = tokenized(tmp_path)
+    tokens = 50 * (len("another text, written meanwhile") + 1)  # byte-level, an EOD after each document
+    assert prefix.with_suffix(".bin").stat().st_size == 2 * tokens  # uint16
+
+
+def test_a_staged_pair_of_a_killed_run_is_removed(tmp_path):
+    shutil.copy(CORPUS, tmp_path / "corpus.jsonl")
+    config = write_config(tmp_path, "corpus.jsonl", {"type": "ByteLevel"})
+    assert main(["-q", "build", str(config)]) == 0
+    [idx] = tokenized(tmp_path)
+    output_prefix = str(idx).removesuffix("_text_document.idx")
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    running = subprocess.Popen(["sleep", "60"])
+    try:
+        dead, alive = (Path(f"{output_prefix}.staged-{p.pid}_text_document.bin") for p in (ended, running))
+        for path in (dead, Path(f"{dead}.tmp-1"), alive):
+            path.write_bytes(b"left by a tokenizing run")
+        idx.unlink()
+        assert main(["-q", "build", str(config)]) == 0
+        assert not dead.exists() and not Path(f"{dead}.tmp-1").exists() and alive.exists()
+        assert tokenized(tmp_path) == [idx]
+    finally:
+        running.kill()
+        running.wait()

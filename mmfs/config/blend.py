@@ -137,6 +137,10 @@ def parse_blend(value: Any, checker: Checker, key: str, base_dir: str) -> Blend:
         path = checker.path_text(entry.get("path"), f"{where}.path", "the dataset prefix or .pbin file")
         file = dataset_file(path, base_dir)
         json_key = _json_key(entry, file, checker, where)
+        if json_key is None and path.endswith((".bin", ".idx")):
+            raise checker.fail(f"{where}.path", f"{path} ends in {path[-4:]}: Megatron appends .bin and .idx to a "
+                                                f"dataset path itself (it would open {path}.idx); give the prefix "
+                                                f"{path[:-4]}")
         try:  # (a text file is looked up when its tokenization is named: _with_texts)
             problem = None if json_key is not None else dataset_problem(file)
         except StorageUnavailable as exc:

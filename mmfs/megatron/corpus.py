@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from mmfs.config.schema import Config, load_config
-from mmfs.errors import MmfsError
+from mmfs.errors import ConfigError, MmfsError
 from mmfs.formats import open_dataset
 from mmfs.megatron.arrays import ArrayPlacer
 from mmfs.megatron.builder import SplitIndices
@@ -46,8 +46,7 @@ class Corpus:
         self.sample_tokens = config.sequence_length + int(config.add_extra_token)
         self.eod = config.eod
         self.pad = config.effective_pad
-        # One dtype for every sample file: the widest of the datasets'.
-        self.dtype = np.dtype(np.result_type(*[d.dataset.dtype for d in datasets])).newbyteorder("<")
+        self.dtype = sample_dtype([d.dataset for d in datasets])
         self._map_limit_mb = map_limit_mb
         self._by_file = by_file
         self.indices = splits
@@ -97,6 +96,30 @@ class Corpus:
         return splits
 
 
+def sample_dtype(datasets: list) -> np.dtype:
+    """One dtype for every sample file: the widest of the datasets'."""
+    return np.dtype(np.result_type(*[d.dtype for d in datasets])).newbyteorder("<")
+
+
+def check_token_ids(config: Config, dtype: np.dtype) -> None:
+    """An eod or pad id the datasets' tokens cannot hold: the tokenizer is not the
+    one that wrote them. No eod would ever be found (Megatron runs on, masking no
+    document end), and a padded sample's file could not hold the pad (Megatron's
+    -1, no pad, is kept: it is the dtype's top value, which its preprocessing never
+    gives a token)."""
+    if dtype.kind not in "iu":
+        return
+    top = int(np.iinfo(dtype).max)
+    if config.eod > top:
+        raise ConfigError(f"{config.path}: tokenizer.eod: {config.eod} cannot occur in the datasets' {dtype.name} "
+                          f"tokens (at most {top}): they were not written with this tokenizer; give the "
+                          "end-of-document id of the tokenizer that wrote them")
+    if config.pad is not None and config.pad > top:
+        raise ConfigError(f"{config.path}: tokenizer.pad: {config.pad} does not fit the datasets' {dtype.name} "
+                          f"tokens (at most {top}), so a padded sample's file cannot hold it; give the pad id of "
+                          "the tokenizer that wrote them, or -1 (none)")
+
+
 @contextmanager
 def _collector_paused():
     """Opening a blend of thousands of datasets makes hundreds of thousands of small
@@ -133,6 +156,7 @@ def _open_corpus(config_path: str, progress: bool, map_limit_mb: int | None,
         if spec.text is not None:
             ensure_tokenized(spec.text)
     by_file = {spec.file: open_dataset(spec.file) for spec in specs}
+    check_token_ids(config, sample_dtype(list(by_file.values())))
     entries = [DatasetEntry(spec.name, spec.path, by_file[spec.file]) for spec in specs]
     sampling_log = logging.getLogger("mmfs.megatron")
     saved_level = sampling_log.level

@@ -26,6 +26,7 @@ class TextDataset:
     tokenizer: TokenizerSpec
     append_eod: bool
     output_prefix: str  # `mmfs preprocess --output-prefix` of the tokenized pair
+    identity: tuple  # the source's identity its name was made from (the pair must hold this text)
 
     @property
     def prefix(self) -> str:
@@ -67,4 +68,5 @@ def text_dataset(source: str, json_key: str, tokenizer: TokenizerSpec, append_eo
     identity = open_source(source).identity
     key = repr((TOKENIZED_FORMAT, source, identity, tokenizer_identity(tokenizer), json_key, append_eod))
     tag = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return TextDataset(source, json_key, tokenizer, append_eod, os.path.join(folder, f"{text_stem(source)}-{tag}"))
+    return TextDataset(source, json_key, tokenizer, append_eod, os.path.join(folder, f"{text_stem(source)}-{tag}"),
+                       identity)

@@ -40,6 +40,7 @@ from mmfs.mount.contract import (
     file_name,
     rank_dir,
 )
+from mmfs.processes import mmfs_command
 
 EOD = 256
 SAMPLE = 42
@@ -141,7 +142,7 @@ def shell(cmd: str, cwd: Path | None = None) -> None:
 def mmfs_cli(*args: str) -> subprocess.CompletedProcess:
     if args[0] != "-q":
         print(f"\n$ mmfs {' '.join(args)}", flush=True)
-    return subprocess.run([sys.executable, "-m", "mmfs.cli", *args], text=True)
+    return subprocess.run(mmfs_command(*args), text=True)
 
 
 def main(argv: list[str] | None = None) -> int:
