@@ -34,6 +34,7 @@ COMMANDS = {
     "bench": "mmfs.tools.bench:bench_command",
     "which": "mmfs.tools.which:which_command",
     "resume-check": "mmfs.tools.resume_check:resume_check_command",
+    "phases": "mmfs.tools.phases:phases_command",
     "config": "mmfs.tools.megatron_phase_args:config_command",  # one launch, or one per phase
     "preprocess": "mmfs.tools.preprocess.command:preprocess_command",
 }
@@ -145,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to-config", metavar="NEW_CONFIG",
                    help="the config the job resumes with (a phase added or changed at the resume point)")
     p.add_argument("--split", default="train", choices=SPLITS)
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p = sub.add_parser("phases", parents=[common],
+                       help="what each phase of a run in phases draws from each dataset (docs/phases.md)")
+    p.add_argument("config", help="a YAML config with a phases: list")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     add_config_parser(sub, common)
 

@@ -182,6 +182,63 @@ def test_restart_phases_are_stock_blends_sized_to_each_phase(tmp_path):
     assert again[0] == 0 and again[1] > 0  # a relaunched phase re-reads what phase 0 read
 
 
+# -- against megatron-core 0.19.2 (tests/reference/record_phases.py) -------------------
+
+REFERENCE = json.loads((Path(__file__).resolve().parent / "reference" / "phases.json").read_text())["cases"]
+
+
+def reference_config(tmp_path: Path, name: str, mode: str) -> str:
+    case = REFERENCE[name]
+    link = tmp_path / "data"
+    if not link.exists():
+        link.symlink_to(DATA, target_is_directory=True)
+    phases = []
+    for k, (start, blend) in enumerate(case["phases"]):
+        entry = {"datasets": [{"path": p, "weight": w} for p, w in blend.items()]}
+        phases.append(entry if k == 0 else {"start_iteration": start, **entry})
+    training = {"data_parallel_size": 1, "micro_batch_size": 4, **case["training"]}
+    config = {"phases": phases, "phase_mode": mode, "split": case["split"], "seed": case["seed"],
+              "sequence_length": case["sequence_length"], "tokenizer": {"eod": 0},
+              "cache_dir": str(tmp_path / "cache"), "training": training}
+    path = tmp_path / f"{name}-{mode}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def digests(reader, start: int, end: int) -> list[str]:
+    import hashlib
+
+    return [hashlib.sha256(np.frombuffer(reader.read(i), dtype=reader.dtype).astype(np.int64).tobytes())
+            .hexdigest()[:16] for i in range(start, end)]
+
+
+@pytest.mark.parametrize("name", [n for n in REFERENCE if "restart" in REFERENCE[n]])
+def test_restart_is_megatron_relaunched_per_phase(tmp_path, name):
+    case = REFERENCE[name]
+    corpus = open_corpus(reference_config(tmp_path, name, "restart"), progress=False)
+    train = corpus.indices["train"]
+    assert len(train.slices) == len(case["restart"])
+    for s, expected in zip(train.slices, case["restart"]):
+        assert digests(corpus.splits["train"], s.start, s.end) == expected
+    for split in ("valid", "test"):  # not phased: the first phase's arguments
+        assert digests(corpus.splits[split], 0, len(case[split])) == case[split]
+
+
+@pytest.mark.parametrize("name", list(REFERENCE))
+def test_continue_first_phase_is_megatron(tmp_path, name):
+    case = REFERENCE[name]
+    corpus = open_corpus(reference_config(tmp_path, name, "continue"), progress=False)
+    train = corpus.indices["train"]
+    first = case.get("continue_first_phase") or case["first_phase_full"][:train.slices[1].start]
+    assert train.slices[1].start == len(first)
+    assert digests(corpus.splits["train"], 0, len(first)) == first
+    for split in ("valid", "test") if "valid" in case else ():
+        assert digests(corpus.splits[split], 0, len(case[split])) == case[split]
+    # and the later phases follow the rule, from where each dataset stood
+    expected = reference_continue(train.slices, [len(g) for g in train.gpts])
+    assert list(zip(train.blend.dataset_index.tolist(), train.blend.dataset_sample_index.tolist())) == expected
+
+
 # -- the mount --------------------------------------------------------------------
 
 
@@ -253,3 +310,35 @@ def test_no_phases_is_todays_config(tmp_path):
     corpus = open_corpus(path, progress=False)
     assert type(corpus.indices["train"]).__name__ == "SplitIndices"
     assert corpus.config.phases is None and "phases" not in corpus.config.as_dict()
+
+
+# -- mmfs phases ------------------------------------------------------------------
+
+
+def test_phases_command(tmp_path):
+    from mount_fixtures import mmfs
+
+    path = write(tmp_path, phases=THREE_PHASES, phase_mode="restart")
+    out = mmfs("phases", path, "--json", "-q")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["phase_mode"] == "restart"
+    first, second, third = report["phases"]
+    # single-epoch datasets under one seed: a relaunched phase re-reads each dataset from its first
+    # sample, so it repeats min(its draws, the first phase's) of each dataset they share
+    drawn = {d["name"]: d["draws"] for d in first["datasets"]}
+    again = sum(min(d["draws"], drawn.get(d["name"], 0)) for d in second["datasets"])
+    assert (first["served_before"], second["served_before"]) == (0, again) and again > 0
+    assert third["start_iteration"] == 22 and third["start_sample"] == 176 and third["end_sample"] == 240
+    for p in report["phases"]:
+        assert sum(d["draws"] for d in p["datasets"]) == p["samples"]
+        for d in p["datasets"]:
+            assert d["position_after"] - d["position_before"] == d["draws"]
+            assert d["left"] == d["gpt_samples"] - d["position_after"]
+            assert abs(d["share"] - d["normalized_weight"]) * p["samples"] <= len(p["datasets"])
+    text = mmfs("phases", path, "-q")
+    assert text.returncode == 0 and "phase 1: from iteration 10, sample 80 to 176" in text.stdout
+    plain = write(tmp_path, "plain.yaml", datasets=TWO_PHASES[0]["datasets"])
+    missing = mmfs("phases", plain)
+    assert missing.returncode == 2 and missing.stderr.strip().endswith("see docs/phases.md)")
+    assert "phases: missing" in missing.stderr and missing.stderr.count("\n") == 1
