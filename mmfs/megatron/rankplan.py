@@ -218,6 +218,41 @@ def rank_ids(plan: RankPlan, rank: int, first: int = 0, count: int | None = None
 # -- any micro-batch of an uninterrupted run -------------------------------------
 
 
+MAX_WALKED_PASSES = 1_000_000  # an unsharded cyclic run's passes walked to find a micro-batch
+
+
+def _check_epoch(epoch: int) -> None:
+    if epoch > MAX_TORCH_SEED:
+        raise SamplerError(f"epoch {epoch}: Megatron's cyclic sampler seeds torch's generator with the epoch, "
+                           "which takes at most 2**64 - 1 (torch raises)")
+
+
+def resumed_microbatch(total: int, micro_batch_size: int, data_parallel_size: int, consumed: int,
+                       dataloader_type: str, data_sharding: bool, rank: int, k: int,
+                       plans: dict | None = None) -> tuple[np.ndarray, int] | None:
+    """(ids, epoch) of the k-th micro-batch (0-based) `rank` reads in a job resumed at
+    consumed_samples `consumed`: Megatron's sampler rebuilt there, and for cyclic its
+    next passes, each from the rank's own count (as cyclic_iter iterates it again);
+    None where the single sampler's pass has ended. SamplerError where Megatron's
+    sampler refuses `consumed`. plans: the passes made so far, by consumed_samples
+    (a caller asking for several micro-batches keeps one dict)."""
+    plans = {} if plans is None else plans
+    while True:
+        plan = plans.get(consumed)
+        if plan is None:
+            plan = plans[consumed] = plan_stream(total, micro_batch_size, data_parallel_size, consumed,
+                                                 dataloader_type, data_sharding)
+        files = plan.files_of(rank)
+        if k < files:
+            return rank_ids(plan, rank, k, 1)[0], plan.epoch
+        if plan.kind == "single":
+            return None
+        if files == 0:
+            raise SamplerError(f"rank {rank}'s pass from consumed_samples {consumed} yields no micro-batch")
+        k -= files
+        consumed += files * plan.samples_per_step
+
+
 def stream_microbatch(plan: RankPlan, rank: int, n: int) -> tuple[np.ndarray, int] | None:
     """(ids, epoch) of the n-th micro-batch (0-based) `rank` reads in a run started
     at consumed_samples 0, as the training loop iterates; None where Megatron's
@@ -233,8 +268,13 @@ def stream_microbatch(plan: RankPlan, rank: int, n: int) -> tuple[np.ndarray, in
     active = plan.files_per_rank * group
     if plan.kind == "sharded":  # every pass is a whole epoch of files_per_rank
         epoch, j = divmod(n, plan.files_per_rank)
+        _check_epoch(epoch)
         perm = epoch_permutation(plan.bucket_size, epoch)
         return rank * plan.bucket_size + perm[j * mbs:(j + 1) * mbs], epoch
+    if n // plan.files_per_rank > MAX_WALKED_PASSES:
+        raise SamplerError(f"micro-batch {n} of rank {rank} is some {n // plan.files_per_rank:,} passes in: an "
+                           f"unsharded cyclic run is walked pass by pass, at most {MAX_WALKED_PASSES:,} (a job "
+                           "resumed there is answered at once: its sampler is rebuilt at that consumed_samples)")
     consumed, remaining = 0, n
     while True:  # unsharded: passes may end off the epoch boundary (see the module doc)
         epoch, offset = divmod(consumed, active)

@@ -21,7 +21,10 @@ of the batch and of each train sample: the phase whose samples
 
 --consumed C gives the global batch a job resumed at consumed_samples C reads: C
 onwards, of the size the calculator gives for C (which under a schedule may
-differ from the size of the uninterrupted run's iteration around C)."""
+differ from the size of the uninterrupted run's iteration around C), from
+Megatron's sampler rebuilt at C (rankplan.resumed_microbatch: the same samples as
+the uninterrupted run's except for an unsharded cyclic sampler after its first
+epoch, whose ranks drift apart in an uninterrupted run; see rankplan's doc)."""
 
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ import numpy as np
 
 from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
-from mmfs.megatron.rankplan import plan_ranks, stream_microbatch
+from mmfs.megatron.rankplan import plan_ranks, resumed_microbatch, stream_microbatch
+from mmfs.megatron.samplers import SamplerError
 from mmfs.mount.contract import MANIFEST, file_name, name_width, rank_dir, rank_name_width
 from mmfs.text.tokenizer import BYTE_EOD, BYTE_LEVEL, HUGGING_FACE, TokenizerSpec
 
@@ -101,11 +105,19 @@ def which(target: str, iteration: int | None, split: str = "train", rank: int | 
         **({} if phases is None else {"phases": _phases_of(phases, start, start + batch_size)}),
         "ranks": [],
     }
+    passes: dict = {}  # a resumed job's sampler passes, by consumed_samples
     for r in ranks:
         batches = []
         for k in micro:
             n = start // (mbs * dp) + k
-            found = stream_microbatch(plan, r, n) if plan.files_per_rank else None
+            try:
+                if consumed is not None:  # a job resumed at C: Megatron's sampler rebuilt there
+                    found = resumed_microbatch(len(reader), mbs, dp, start, t.dataloader_type, t.data_sharding, r, k,
+                                               passes)
+                else:
+                    found = stream_microbatch(plan, r, n) if plan.files_per_rank else None
+            except SamplerError as exc:
+                raise WhichError(f"{split}: {exc}") from None
             if found is None:
                 raise WhichError(
                     f"{split}: consumed_samples {start} is past the end of the {split} split for the {plan.kind} "
