@@ -241,3 +241,15 @@ def test_resume_check_to_config_mistakes_are_one_line(run, tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "sequence_length 64" in proc.stderr, proc.stderr
     proc = mmfs("resume-check", path, "--consumed", 10_000, "--to-config", path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "fewer than the job consumed" in proc.stderr
+
+
+def test_which_under_restart_names_each_phases_own_blend(tmp_path):
+    path = write(tmp_path, phases=PHASES, phase_mode="restart")
+    reader = open_corpus(str(path), progress=False).splits["train"]
+    for iteration, phase in ((10, 0), (11, 1), (22, 1), (23, 2)):
+        result = which(str(path), iteration)
+        assert [(p["phase"], p["phase_mode"]) for p in result["phases"]] == [(phase, "restart")]
+        for b in result["ranks"][0]["microbatches"]:
+            for s in b["samples"]:
+                assert s["phase"] == phase and s["dataset"] == reader.provenance(s["sample"])[0]
+                assert s["dataset"] in result["phases"][0]["datasets"]
