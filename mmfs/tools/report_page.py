@@ -145,9 +145,9 @@ def _split_charts(alt, split: str, s: dict[str, Any]) -> dict[str, Any]:
         xOffset=alt.XOffset("measure:N", sort=["weight", "realised share"]),
         y=alt.Y("sum(value):Q", title="share of samples"), color=color,
         opacity=alt.Opacity("measure:N", sort=["weight", "realised share"], scale=alt.Scale(range=[0.45, 1]),
-                            title="lighter: weight"),
+                            legend=None),
         tooltip=["dataset:N", "measure:N", alt.Tooltip("sum(value):Q", format=".4f")],
-    ).properties(width=width, height=220, title=f"{split}: weight and realised share")}
+    ).properties(width=width, height=220, title=f"{split}: weight (lighter) and realised share")}
 
     by_iteration = s["run"]["axis"] == "iteration"
     x_field, x_title = ("first_iteration", "iteration") if by_iteration else ("first_sample", "sample")
