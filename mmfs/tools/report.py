@@ -28,6 +28,7 @@ MAX_WINDOWS = 100  # points of the mix chart
 MAX_RANK_CELLS = 1 << 21  # ranks x datasets of the per-rank shares (larger: each dataset's spread only)
 BROWSER_SAMPLES = 2000  # samples the page's browser holds at most (whole iterations, at least one)
 BROWSER_ITERATIONS = 24
+PRINTED_WARNINGS = 10  # by the command; the page and --json have them all
 TEXT_CHARS = 2000  # of each piece's decoded text in the browser
 # Document length bins: powers of two in half steps, 1 .. 2**31.
 LENGTH_EDGES = np.unique(np.round(2.0 ** (np.arange(0, 63) / 2)).astype(np.int64))
@@ -292,7 +293,10 @@ def report_command(args) -> int:
     path = args.output or "report.html"
     size = write_page(figs, path)
     print(f"{path}: {size:,} bytes; open it in a browser (no network or server needed)")
-    for w in figs["warnings"]:
+    shown = figs["warnings"][:PRINTED_WARNINGS]
+    for w in shown:
         print(f"warning: {w['message']}")
+    if len(figs["warnings"]) > len(shown):
+        print(f"warning: ... and {len(figs['warnings']) - len(shown)} more (the page lists them all)")
     return 0
 

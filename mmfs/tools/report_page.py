@@ -20,6 +20,7 @@ from typing import Any
 from mmfs.errors import MmfsError
 
 MAX_SERIES = 20
+FOLD_AFTER = 12  # warnings and table rows shown before the rest fold away
 INSTALL = "pip install 'mmfs[report]'"
 PAGE_SCRIPT = os.path.join(os.path.dirname(__file__), "report_page.js")
 
@@ -129,6 +130,17 @@ def series_names(rows: list[dict[str, Any]]) -> dict[str, str]:
     return {r["dataset"]: r["dataset"] if r["dataset"] in keep else other for r in rows}
 
 
+def _by_series(rows: list[dict[str, Any]], series: dict[str, str], values) -> dict[str, list[float]]:
+    """values(row) summed element by element over the datasets of each series."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        v, acc = values(r), out.setdefault(series[r["dataset"]], [])
+        acc.extend([0] * (len(v) - len(acc)))
+        for k, x in enumerate(v):
+            acc[k] += x
+    return out
+
+
 def _split_charts(alt, split: str, s: dict[str, Any]) -> dict[str, Any]:
     rows = s["datasets"]
     series = series_names(rows)
@@ -137,16 +149,16 @@ def _split_charts(alt, split: str, s: dict[str, Any]) -> dict[str, Any]:
     width = 640
 
     blend = []
-    for r in rows:
-        blend += [{"dataset": series[r["dataset"]], "measure": "weight", "value": r["weight"]},
-                  {"dataset": series[r["dataset"]], "measure": "realised share", "value": r["share"]}]
+    for measure, key in (("weight", "weight"), ("realised share", "share")):
+        summed = _by_series(rows, series, lambda r, key=key: [r[key]])
+        blend += [{"dataset": d, "measure": measure, "value": v[0]} for d, v in summed.items()]
     charts = {"blend": alt.Chart(alt.Data(values=blend)).mark_bar().encode(
         x=alt.X("dataset:N", sort=order, title=None, axis=alt.Axis(labelAngle=-30)),
         xOffset=alt.XOffset("measure:N", sort=["weight", "realised share"]),
-        y=alt.Y("sum(value):Q", title="share of samples"), color=color,
+        y=alt.Y("value:Q", title="share of samples"), color=color,
         opacity=alt.Opacity("measure:N", sort=["weight", "realised share"], scale=alt.Scale(range=[0.45, 1]),
                             legend=None),
-        tooltip=["dataset:N", "measure:N", alt.Tooltip("sum(value):Q", format=".4f")],
+        tooltip=["dataset:N", "measure:N", alt.Tooltip("value:Q", format=".4f")],
     ).properties(width=width, height=220, title=f"{split}: weight (lighter) and realised share")}
 
     by_iteration = s["run"]["axis"] == "iteration"
@@ -172,23 +184,19 @@ def _split_charts(alt, split: str, s: dict[str, Any]) -> dict[str, Any]:
                                                   title=f"{split}: the mix over the run, per window of {x_title}s")
 
     lengths = []
-    for r in rows:
-        hist, edges = r["lengths"]["histogram"], r["lengths"]["edges"]
-        docs = max(sum(hist), 1)
-        lengths += [{"dataset": series[r["dataset"]], "length": e, "share": c / docs}
-                    for e, c in zip(edges, hist) if c]
+    edges = max((r["lengths"]["edges"] for r in rows), key=len)
+    for d, hist in _by_series(rows, series, lambda r: r["lengths"]["histogram"]).items():
+        lengths += [{"dataset": d, "length": e, "share": c / max(sum(hist), 1)} for e, c in zip(edges, hist) if c]
     charts["lengths"] = alt.Chart(alt.Data(values=lengths)).mark_line(point=True).encode(
         x=alt.X("length:Q", scale=alt.Scale(type="log"), title="document length (tokens, bins of 2^0.5)"),
-        y=alt.Y("sum(share):Q", title="share of documents"), color=color, tooltip=["dataset:N", "length:Q"],
+        y=alt.Y("share:Q", title="share of documents"), color=color, tooltip=["dataset:N", "length:Q"],
     ).properties(width=width, height=220, title=f"{split}: document lengths")
 
     cuts = []
-    for r in rows:
-        read = max(r["samples"], 1)
-        cuts += [{"dataset": series[r["dataset"]], "documents": k, "share": c / read}
-                 for k, c in enumerate(r["documents_per_sample"]) if c]
+    for d, counts in _by_series(rows, series, lambda r: r["documents_per_sample"]).items():
+        cuts += [{"dataset": d, "documents": k, "share": c / max(sum(counts), 1)} for k, c in enumerate(counts) if c]
     charts["cuts"] = alt.Chart(alt.Data(values=cuts)).mark_line(point=True).encode(
-        x=alt.X("documents:Q", title="documents in a sample"), y=alt.Y("sum(share):Q", title="share of samples"),
+        x=alt.X("documents:Q", title="documents in a sample"), y=alt.Y("share:Q", title="share of samples"),
         color=color, tooltip=["dataset:N", "documents:Q"],
     ).properties(width=width, height=200, title=f"{split}: how samples cut documents")
 
@@ -229,9 +237,12 @@ def _summary_html(figs: dict[str, Any]) -> str:
 def _warnings_html(warnings: list[dict[str, Any]]) -> str:
     if not warnings:
         return "<section id='warnings'><h2>Warnings</h2><p class='none'>none</p></section>"
-    items = "".join(f"<li class='warning' data-kind='{html.escape(w['kind'])}'>{html.escape(w['message'])}</li>"
-                    for w in warnings)
-    return f"<section id='warnings'><h2>Warnings ({len(warnings)})</h2><ul>{items}</ul></section>"
+    items = [f"<li class='warning' data-kind='{html.escape(w['kind'])}'>{html.escape(w['message'])}</li>"
+             for w in warnings]
+    more = "" if len(items) <= FOLD_AFTER else \
+        f"<details><summary>{len(items) - FOLD_AFTER} more</summary><ul>{''.join(items[FOLD_AFTER:])}</ul></details>"
+    return (f"<section id='warnings'><h2>Warnings ({len(warnings)})</h2><ul>{''.join(items[:FOLD_AFTER])}</ul>"
+            f"{more}</section>")
 
 
 COLUMNS = [("dataset", "dataset", "{}"), ("weight", "weight", "{:.4f}"), ("share", "realised share", "{:.4f}"),
@@ -250,9 +261,11 @@ def _split_html(split: str, s: dict[str, Any]) -> str:
     notes = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in run["notes"])
     kinds = ["blend", "mix", "lengths", "cuts"] + (["ranks"] if s.get("ranks") else [])
     charts = "".join(f"<div class='chart' id='chart-{k}-{split}' data-chart='{k}-{split}'></div>" for k in kinds)
+    table = f"<table class='blend'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    if len(s["datasets"]) > FOLD_AFTER:
+        table = f"<details><summary>every dataset ({len(s['datasets']):,})</summary>{table}</details>"
     return (f"<section class='split' id='split-{split}'><h2>{split}: {s['top_level']} of "
-            f"{s['samples']:,} samples; the run reads {extent}</h2>{notes}"
-            f"<table class='blend'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{charts}</section>")
+            f"{s['samples']:,} samples; the run reads {extent}</h2>{notes}{table}{charts}</section>")
 
 
 def _browser_html(browser: dict[str, Any] | None) -> str:
