@@ -285,7 +285,7 @@ def report_command(args) -> int:
     iterations = [int(i) for i in args.iterations.split(",")] if args.iterations else None
     if args.json:
         figs = report(args.target, iterations, browser=iterations is not None)
-        print(json.dumps(figs, default=_json_default, indent=1, ensure_ascii=False))
+        print(json.dumps(figs, default=_json_default, separators=(",", ":"), ensure_ascii=False))
         return 0
     from mmfs.tools.report_page import write_page
 

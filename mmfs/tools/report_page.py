@@ -171,7 +171,8 @@ def _split_charts(alt, split: str, s: dict[str, Any]) -> dict[str, Any]:
             per[series[r["dataset"]]] = per.get(series[r["dataset"]], 0.0) + c / total
         mix += [{"x": w[x_field], "dataset": d, "share": v} for d, v in per.items()]
     area = alt.Chart(alt.Data(values=mix)).mark_area().encode(
-        x=alt.X("x:Q", title=x_title), y=alt.Y("share:Q", stack="normalize", title="share of the window"),
+        x=alt.X("x:Q", title=x_title, scale=alt.Scale(nice=False, zero=False)),
+        y=alt.Y("share:Q", stack="normalize", title="share of the window"),
         color=color, tooltip=["dataset:N", alt.Tooltip("x:Q", title=x_title), alt.Tooltip("share:Q", format=".3f")])
     bands = [{"x": b["first_iteration"], "label": b["label"], "kind": b["kind"]} for b in s["mix"]["bands"]]
     layers = [area]
@@ -230,7 +231,7 @@ def _summary_html(figs: dict[str, Any]) -> str:
     t = figs.get("training") or {}
     layout = (f"data_parallel_size {t['data_parallel_size']}, micro_batch_size {t['micro_batch_size']}, "
               f"{t['dataloader_type']} sampler") if t else "no training: block (the mix is shown by sample)"
-    return (f"<p class='summary'>{html.escape(figs['config'])}: {len(figs['datasets'])} datasets, "
+    return (f"<p class='summary' title='{html.escape(figs['config'])}'>{len(figs['datasets'])} datasets, "
             f"{figs['tokens_per_sample']:,} tokens per sample; {html.escape(layout)}.</p>")
 
 

@@ -32,12 +32,12 @@ def _row_warnings(split: str, figs: dict[str, Any], row: dict[str, Any], sample_
         out.append({"kind": "epochs", "split": split, "dataset": d, "epochs": row["epochs"],
                     "tokens": row["tokens"], "tokens_available": row["tokens_available"],
                     "message": f"{split}: {d} is read for {row['epochs']:.2f} epochs ({row['tokens']:,} tokens of "
-                               f"the {row['tokens_available']:,} its {row['documents']:,} documents hold): the "
+                               f"the {row['tokens_available']:,} its {_documents(row['documents'])} hold): the "
                                "model sees its documents more than once"})
     if row["documents"] < ALMOST_NOTHING or row["tokens_available"] < sample_tokens:
         out.append({"kind": "almost_nothing", "split": split, "dataset": d, "documents": row["documents"],
                     "tokens_available": row["tokens_available"],
-                    "message": f"{split}: gets almost nothing of {d}: {row['documents']:,} documents, "
+                    "message": f"{split}: gets almost nothing of {d}: {_documents(row['documents'])}, "
                                f"{row['tokens_available']:,} tokens (a sample is {sample_tokens:,}); its "
                                f"{row['samples']:,} samples repeat them"})
     if row["weight"] > 0 and row["samples"] == 0:
@@ -47,6 +47,10 @@ def _row_warnings(split: str, figs: dict[str, Any], row: dict[str, Any], sample_
                     "message": f"{split}: {d} has weight {row['weight']:.3g} but draws no sample of the "
                                f"{run:,} ({row['weight'] * run:.3g} expected): it rounds to nothing"})
     return out
+
+
+def _documents(n: int) -> str:
+    return f"{n:,} document" + ("" if n == 1 else "s")
 
 
 def _duplicates(split: str, gpts: list, datasets: dict) -> list[dict[str, Any]]:
