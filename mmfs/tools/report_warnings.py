@@ -92,9 +92,15 @@ def _sizes(dataset) -> tuple[int, int] | None:
         return None
 
 
+HASHED_AT_MOST = 256 << 20  # bytes of an index hashed (a .pbin is its own index: its head only)
+
+
 def file_digest(path: str, chunk: int = 1 << 20) -> str:
+    """SHA-256 of a file's first HASHED_AT_MOST bytes (the whole of any usual .idx)."""
     h = hashlib.sha256()
+    left = HASHED_AT_MOST
     with open(path, "rb") as f:
-        while block := f.read(chunk):
+        while left > 0 and (block := f.read(min(chunk, left))):
             h.update(block)
+            left -= len(block)
     return h.hexdigest()
