@@ -2,6 +2,7 @@
 cases), the warnings, and the sampler order the mix and rank figures are counted in."""
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -150,3 +151,24 @@ def test_report_json_command(tmp_path, capsys):
     assert figs["splits"]["train"]["datasets"][0]["share"] == 1.0
     assert "browser" not in figs
     assert main(["report", str(tmp_path / "missing.yaml"), "--json"]) == 2
+
+
+def test_warnings_of_a_symlink_a_tiny_weight_and_a_starved_split(tmp_path):
+    _write(tmp_path / "big", [50] * 2000, 1)
+    _write(tmp_path / "mid", [50] * 2000, 2)
+    for suffix in (".bin", ".idx"):
+        os.symlink(tmp_path / f"big{suffix}", tmp_path / f"link{suffix}")
+    figs = report(_blend(tmp_path, [{"path": "big", "weight": 0.5}, {"path": "link", "weight": 0.5}]), browser=False)
+    assert [(w["kind"], w["datasets"]) for w in figs["warnings"]] == [("same_path", ["big", "link"])]
+    figs = report(_blend(tmp_path, [{"path": "big", "weight": 0.999}, {"path": "mid", "weight": 0.001}]),
+                  browser=False)  # 0.401 of 401 samples (Megatron: ceil(400 x 0.001) = 1 more)
+    [w] = figs["warnings"]
+    assert (w["kind"], w["dataset"], w["expected"], w["samples"]) == ("no_samples", "mid", pytest.approx(0.401), 1)
+    config = tmp_path / "starved.yaml"
+    config.write_text(yaml.safe_dump({
+        "datasets": [{"path": "big", "weight": 0.6}, {"path": "mid", "weight": 0.4}], "split": "996,4,0",
+        "samples": {"train": 100, "valid": 4, "test": 0}, "sequence_length": 32, "tokenizer": {"eod": 0},
+        "cache_dir": "cache"}))
+    figs = report(str(config), browser=False)
+    assert sorted((w["kind"], w["split"], w["dataset"], w["documents"]) for w in figs["warnings"]) == [
+        ("almost_nothing", "valid", "big", 8), ("almost_nothing", "valid", "mid", 8)]

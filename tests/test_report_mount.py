@@ -2,6 +2,8 @@
 the mount's other files; a page that says how to install the extra when it is missing."""
 
 import os
+import subprocess
+import sys
 
 import yaml
 
@@ -31,6 +33,8 @@ def test_mount_serves_the_report(tmp_path):
         assert data == (tmp_path / "cli.html").read_bytes()
         assert st.st_mtime_ns == os.stat(m.file("mmfs.json")).st_mtime_ns
         assert os.stat(page).st_size == st.st_size and page.read_bytes() == data  # kept
+        assert main(["-q", "report", str(m.path), "-o", str(tmp_path / "of-mount.html")]) == 0  # MOUNT as target
+        assert (tmp_path / "of-mount.html").read_bytes() == data
 
 
 def test_report_page_says_how_to_install_the_extra(tmp_path, monkeypatch):
@@ -38,5 +42,9 @@ def test_report_page_says_how_to_install_the_extra(tmp_path, monkeypatch):
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'altair'\", name='altair')\n")
     monkeypatch.setenv("PYTHONPATH", str(shadow.parent))
-    page = report_page(str(_config(tmp_path))).decode()
+    config = str(_config(tmp_path))
+    page = report_page(config).decode()
     assert "pip install &#x27;mmfs[report]&#x27;" in page and "altair is missing" in page
+    done = subprocess.run([sys.executable, "-m", "mmfs.cli", "report", config, "-o", str(tmp_path / "r.html")],
+                          capture_output=True, text=True)  # the command: one line, exit 2
+    assert (done.returncode, done.stderr.count("\n")) == (2, 1) and "pip install 'mmfs[report]'" in done.stderr

@@ -39,15 +39,6 @@ def _libraries():
     return alt, vl_convert
 
 
-def missing_extra_page(message: str) -> str:
-    """What a mount's report.html holds when the page cannot be made here."""
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mmfs report</title></head><body>"
-            f"<h1>mmfs report</h1><p>{html.escape(message)}</p>"
-            f"<p>Install the report extra where the mount runs (<code>{html.escape(INSTALL)}</code>), "
-            "then mount again; or run <code>mmfs report CONFIG -o report.html</code> where it is installed.</p>"
-            "</body></html>\n")
-
-
 def write_page(figs: dict[str, Any], path: str) -> int:
     data = page(figs).encode("utf-8")
     tmp = f"{path}.tmp{os.getpid()}"

@@ -14,7 +14,9 @@ EPOCH_SLACK = 1e-9
 
 
 def blend_warnings(corpus, splits: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Warnings over the figures of every split (mmfs.tools.report._split)."""
+    """Warnings over the figures of every split (mmfs.tools.report._split). A weight
+    "rounds to no samples" when weight x the run's samples rounds to 0: Megatron's
+    greedy blend still draws such a dataset once or so, early on."""
     out: list[dict[str, Any]] = []
     datasets = {e.name: e.dataset for e in corpus.datasets}
     for name, split in splits.items():
@@ -38,14 +40,15 @@ def _row_warnings(split: str, figs: dict[str, Any], row: dict[str, Any], sample_
         out.append({"kind": "almost_nothing", "split": split, "dataset": d, "documents": row["documents"],
                     "tokens_available": row["tokens_available"],
                     "message": f"{split}: gets almost nothing of {d}: {_documents(row['documents'])}, "
-                               f"{row['tokens_available']:,} tokens (a sample is {sample_tokens:,}); its "
-                               f"{row['samples']:,} samples repeat them"})
-    if row["weight"] > 0 and row["samples"] == 0:
-        run = figs["run"]["samples"]
+                               f"{row['tokens_available']:,} tokens (a sample is {sample_tokens:,}); "
+                               f"{row['samples']:,} samples are cut from them"})
+    run = figs["run"]["samples"]
+    if row["weight"] > 0 and (round(row["weight"] * run) == 0 or row["samples"] == 0):
         out.append({"kind": "no_samples", "split": split, "dataset": d, "weight": row["weight"],
-                    "run_samples": run, "expected": row["weight"] * run,
-                    "message": f"{split}: {d} has weight {row['weight']:.3g} but draws no sample of the "
-                               f"{run:,} ({row['weight'] * run:.3g} expected): it rounds to nothing"})
+                    "run_samples": run, "expected": row["weight"] * run, "samples": row["samples"],
+                    "message": f"{split}: {d}'s weight {row['weight']:.3g} of the run's {run:,} samples is "
+                               f"{row['weight'] * run:.3g} samples: it rounds to none (the blend draws "
+                               f"{row['samples']:,})"})
     return out
 
 
@@ -58,7 +61,8 @@ def _duplicates(split: str, gpts: list, datasets: dict) -> list[dict[str, Any]]:
     by_file: dict[str, str] = {}
     by_size: dict[tuple, list[str]] = {}
     for g in gpts:
-        name, file = g.spec.name, os.path.realpath(g.spec.file)
+        name = g.spec.name
+        file = os.path.realpath(getattr(datasets[name], "idx_path", None) or g.spec.file)  # through symlinks
         if file in by_file:
             out.append({"kind": "same_path", "split": split, "datasets": [by_file[file], name], "path": g.spec.path,
                         "message": f"{split}: {by_file[file]} and {name} are the same file {g.spec.path}: "
@@ -71,15 +75,17 @@ def _duplicates(split: str, gpts: list, datasets: dict) -> list[dict[str, Any]]:
     for (idx_size, bin_size), names in by_size.items():
         if len(names) < 2:
             continue
-        groups: dict[str, list[str]] = {}
-        for n in names:
-            groups.setdefault(file_digest(datasets[n].idx_path), []).append(n)
-        for digest, same in groups.items():
+        groups: dict[tuple[str, str], list[str]] = {}
+        for n in names:  # the .idx holds lengths only: the .bin's ends tell datasets of equal lengths apart
+            ds = datasets[n]
+            groups.setdefault((file_digest(ds.idx_path), ends_digest(ds.bin_path)), []).append(n)
+        for (digest, _), same in groups.items():
             if len(same) > 1:
                 out.append({"kind": "same_bytes", "split": split, "datasets": same, "idx_bytes": idx_size,
                             "bin_bytes": bin_size, "idx_sha256": digest,
                             "message": f"{split}: {', '.join(same)} hold the same bytes under {len(same)} names "
-                                       f"(.idx {idx_size:,} bytes, sha256 {digest[:12]}, .bin {bin_size:,} bytes): "
+                                       f"(.idx {idx_size:,} bytes, sha256 {digest[:12]}; .bin {bin_size:,} bytes, "
+                                       "the same first and last MiB): "
                                        "the blend has one dataset more than once"})
     return out
 
@@ -93,6 +99,18 @@ def _sizes(dataset) -> tuple[int, int] | None:
 
 
 HASHED_AT_MOST = 256 << 20  # bytes of an index hashed (a .pbin is its own index: its head only)
+
+
+def ends_digest(path: str, span: int = 1 << 20) -> str:
+    """SHA-256 of a file's first and last `span` bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(span))
+        size = os.fstat(f.fileno()).st_size
+        if size > span:
+            f.seek(max(span, size - span))
+            h.update(f.read(span))
+    return h.hexdigest()
 
 
 def file_digest(path: str, chunk: int = 1 << 20) -> str:
