@@ -18,9 +18,7 @@ import pytest
 import yaml
 
 from mmfs.cli import main
-from mmfs.config.schema import load_config
 from mmfs.tools.demo import write_dataset
-from mmfs.tools.which import make_decoder, which
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium: `make test` installs Debian's chromium "
@@ -119,11 +117,10 @@ def test_no_javascript_errors_and_every_chart_has_a_series_per_dataset(rendered)
         assert chart["series"] == ["code", "prose"], name
 
 
-def test_sample_browser_shows_what_which_says(page, rendered):
+def test_sample_browser_shows_what_which_says(page, rendered, capsys):
     config, _ = page
-    cfg = load_config(str(config))
-    decode = make_decoder(None, cfg.tokenizer, 257)
-    expected = which(str(config), ITERATION, rank=RANK, decode=decode)
+    assert main(["which", str(config), "--iteration", str(ITERATION), "--rank", str(RANK), "--text", "--json"]) == 0
+    expected = json.loads(capsys.readouterr().out)
     rows = []
     for mb in expected["ranks"][0]["microbatches"]:
         for s in mb["samples"]:
