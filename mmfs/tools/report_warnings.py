@@ -43,7 +43,7 @@ def _row_warnings(split: str, figs: dict[str, Any], row: dict[str, Any], sample_
                                f"{row['tokens_available']:,} tokens (a sample is {sample_tokens:,}); "
                                f"{row['samples']:,} samples are cut from them"})
     run = figs["run"]["samples"]
-    if row["weight"] > 0 and (round(row["weight"] * run) == 0 or row["samples"] == 0):
+    if run > 0 and row["weight"] > 0 and (round(row["weight"] * run) == 0 or row["samples"] == 0):
         out.append({"kind": "no_samples", "split": split, "dataset": d, "weight": row["weight"],
                     "run_samples": run, "expected": row["weight"] * run, "samples": row["samples"],
                     "message": f"{split}: {d}'s weight {row['weight']:.3g} of the run's {run:,} samples is "
