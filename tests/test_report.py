@@ -172,3 +172,18 @@ def test_warnings_of_a_symlink_a_tiny_weight_and_a_starved_split(tmp_path):
     figs = report(str(config), browser=False)
     assert sorted((w["kind"], w["split"], w["dataset"], w["documents"]) for w in figs["warnings"]) == [
         ("almost_nothing", "valid", "big", 8), ("almost_nothing", "valid", "mid", 8)]
+
+
+def test_rank_spread_by_chunks_is_the_full_spread(monkeypatch):
+    import mmfs.tools.report as r
+
+    rng = np.random.RandomState(0)
+    plan = plan_ranks(600, 2, 5, "single")
+    which = rng.randint(0, 3, size=600).astype(np.int16)
+    drawn = np.bincount(which, minlength=3)
+    full = r._ranks(plan, which, 3, drawn)
+    monkeypatch.setattr(r, "MAX_RANK_CELLS", 6)  # two ranks at a time
+    chunked = r._ranks(plan, which, 3, drawn)
+    assert "counts" not in chunked and "note" in chunked
+    for key in ("share_min", "share_max", "max_deviation"):
+        assert chunked[key] == pytest.approx(full[key]), key
