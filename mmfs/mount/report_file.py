@@ -11,10 +11,11 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable
+
+from mmfs.processes import mmfs_command
 
 log = logging.getLogger(__name__)
 ERROR_PREFIX = "mmfs: error: "
@@ -42,7 +43,7 @@ def report_page(config_path: str) -> bytes:
     """The page of `mmfs report CONFIG`, or a page saying why there is none."""
     folder = tempfile.mkdtemp(prefix="mmfs-report-")
     out = os.path.join(folder, "report.html")
-    cmd = [sys.executable, "-m", "mmfs.cli", "-q", "report", config_path, "-o", out]
+    cmd = mmfs_command("-q", "report", config_path, "-o", out)
     try:
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True, errors="replace", timeout=TIMEOUT)
