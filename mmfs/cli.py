@@ -37,6 +37,7 @@ COMMANDS = {
     "phases": "mmfs.tools.phases:phases_command",
     "config": "mmfs.tools.megatron_phase_args:config_command",  # one launch, or one per phase
     "preprocess": "mmfs.tools.preprocess.command:preprocess_command",
+    "report": "mmfs.tools.report:report_command",
 }
 
 
@@ -152,6 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="a YAML config with a phases: list")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     add_config_parser(sub, common)
+
+    p = sub.add_parser("report", parents=[common],
+                       help="the training mix as one self-contained HTML page (or --json figures)")
+    p.add_argument("target", help="a YAML config, or an mmfs mount")
+    p.add_argument("-o", dest="output", metavar="FILE.html", help="where to write the page (default: report.html)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON instead")
+    p.add_argument("--iterations", metavar="I,J,...",
+                   help="the iterations the page's sample browser holds (default: up to 24 across the run)")
 
     p = sub.add_parser("preprocess", parents=[common],
                        help="tokenize JSONL or Parquet into IndexedDatasets (Megatron's tools/preprocess_data.py)")

@@ -285,3 +285,29 @@ def stream_microbatch(plan: RankPlan, rank: int, n: int) -> tuple[np.ndarray, in
             return perm[offset + (remaining * mbs + m) * dp + rank], epoch
         remaining -= count
         consumed += count * group
+
+
+# -- a whole pass at once -------------------------------------------------------
+
+
+def stream_order(plan: RankPlan) -> np.ndarray:
+    """Sample ids (int64) of the plan's files in the order the job consumes them:
+    micro-step j (every rank's file j), rank r, sample m at position
+    (j * dp + r) * mbs + m, so that global batch [c, c + B) of the stream is
+    positions [c, c + B) and position p is read by rank (p // mbs) % dp. The same
+    ids as microbatch_ids(plan, r, j), for every file of every rank at once."""
+    mbs, dp, files = plan.micro_batch_size, plan.data_parallel_size, plan.files_per_rank
+    n = files * mbs * dp
+    if plan.kind == "single":
+        return np.arange(plan.start, plan.start + n, dtype=np.int64)
+    perm = np.asarray(plan.permutation, dtype=np.int64)
+    if plan.kind == "sharded":  # rank r reads r * bucket + perm[start + j * mbs + m]
+        own = perm[plan.start:plan.start + files * mbs].reshape(files, 1, mbs)
+        return (own + (np.arange(dp, dtype=np.int64) * plan.bucket_size).reshape(1, dp, 1)).reshape(n)
+    # unsharded: rank r reads perm[start + (j * mbs + m) * dp + r]
+    return perm[plan.start:plan.start + n].reshape(files, mbs, dp).transpose(0, 2, 1).reshape(n)
+
+
+def rank_of_position(positions: np.ndarray, micro_batch_size: int, data_parallel_size: int) -> np.ndarray:
+    """The data-parallel rank that reads each position of stream_order."""
+    return (positions // micro_batch_size) % data_parallel_size

@@ -13,6 +13,7 @@ import re
 # -- paths ------------------------------------------------------------------------
 
 MANIFEST = "mmfs.json"
+REPORT = "report.html"  # `mmfs report`'s page of the mounted config
 SAMPLES = "samples"
 RANKS = "ranks"
 STREAMS = "streams"

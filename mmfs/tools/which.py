@@ -73,7 +73,13 @@ def which(target: str, iteration: int | None, split: str = "train", rank: int | 
     """What `mmfs which` prints, as a dict. decode(tokens) -> str adds each piece's text.
     Give the iteration, or the consumed_samples at which a global batch starts."""
     config_path = resolve_config(target)
-    corpus = open_corpus(config_path, progress=False)
+    return which_in(open_corpus(config_path, progress=False), iteration, split, rank, microbatch, decode, consumed)
+
+
+def which_in(corpus, iteration: int | None, split: str = "train", rank: int | None = None,
+             microbatch: int | None = None, decode=None, consumed: int | None = None) -> dict[str, Any]:
+    """which() of an opened corpus (mmfs.megatron.Corpus)."""
+    config_path = str(corpus.config_path)
     t = corpus.config.training
     if t is None:
         raise ConfigError(f"{config_path}: training: missing: mmfs which needs the block "
