@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from mmfs.errors import ConfigError
 from mmfs.megatron.corpus import open_corpus
 from mmfs.megatron.phasefacts import served_before
-from mmfs.megatron.phases import PhaseSlice, continue_blend, megatron_weights
+from mmfs.megatron.phases import PhaseSlice, continue_blend, megatron_weights, wrap
 from mmfs.mount.contract import XATTR_DATASET, XATTR_PHASE
 
 DATA = Path(__file__).resolve().parent / "golden" / "data"
@@ -130,8 +130,9 @@ def phase_lists(draw):
 @given(phase_lists())
 def test_continue_properties(case):
     slices, lengths = case
-    run = continue_blend(slices, lengths)
-    pairs = list(zip(run.dataset_index.tolist(), run.dataset_sample_index.tolist()))
+    run = continue_blend(slices, len(lengths))
+    positions = wrap(run.dataset_index, run.dataset_sample_index, lengths)
+    pairs = list(zip(run.dataset_index.tolist(), positions.tolist()))
     assert pairs == reference_continue(slices, lengths)
     # no (dataset, sample) pair twice before that dataset's used up
     seen: dict[int, set] = {}
@@ -148,13 +149,13 @@ def test_continue_properties(case):
             assert abs(drawn[g] - w * s.size) <= len(s.members), (drawn[g], w * s.size)
     # append-only: a different last phase (or none) changes nothing before it
     if len(slices) > 1:
-        shorter = continue_blend(slices[:-1], lengths)
+        shorter = continue_blend(slices[:-1], len(lengths))
         start = slices[-1].start
         assert np.array_equal(shorter.dataset_index, run.dataset_index[:start])
         assert np.array_equal(shorter.dataset_sample_index, run.dataset_sample_index[:start])
         last = slices[-1]
         changed = PhaseSlice(last.start, last.end, last.members[::-1], last.weights)
-        other = continue_blend([*slices[:-1], changed], lengths)
+        other = continue_blend([*slices[:-1], changed], len(lengths))
         assert np.array_equal(other.dataset_sample_index[:start], run.dataset_sample_index[:start])
     # positions are closed-form sums of earlier draws
     assert np.array_equal(run.positions[-1], np.bincount(run.dataset_index, minlength=len(lengths)))

@@ -317,25 +317,34 @@ class Builder:
     # -- all splits ------------------------------------------------------------------
 
     def build(self, splits: tuple[str, ...] = SPLITS) -> dict[str, SplitIndices]:
-        """Every split of `splits` (a run in phases builds its train split itself)."""
+        plans = self.plan_splits(splits)
+        self._run(self.first_tasks(plans))
+        return self.finish(plans)
+
+    def plan_splits(self, splits: tuple[str, ...] = SPLITS) -> list[dict]:
+        """The indices each split of `splits` needs (a run in phases plans its train split itself)."""
         c = self.config
         if c.blend is not None:
             matrix = split_matrix(c.split)
             key = "datasets" if c.raw.get("datasets") is not None else "data_path"
             bookends = {s: matrix[i] for i, s in enumerate(SPLITS) if s in splits}
-            plans = self._plan_blend(c.blend.datasets, c.blend.weights, bookends, key,
-                                     per_split=False)
-        else:
-            plans = []
-            for s in SPLITS:
-                blend = c.blend_per_split[s]
-                if blend is not None:
-                    plans += self._plan_blend(blend.datasets, blend.weights, {s: (0.0, 1.0)},
-                                              f"blend_per_split.{s}", per_split=True)
-        # Blends first: the longest tasks start at once, beside the GPTDatasets.
-        first = [p["blend_task"] for p in plans if p.get("blend_task")]
-        first += [t for p in plans for t in p["gpt_tasks"]]
-        self._run(first)
+            return self._plan_blend(c.blend.datasets, c.blend.weights, bookends, key, per_split=False)
+        plans = []
+        for s in SPLITS:
+            blend = c.blend_per_split[s]
+            if blend is not None:
+                plans += self._plan_blend(blend.datasets, blend.weights, {s: (0.0, 1.0)},
+                                          f"blend_per_split.{s}", per_split=True)
+        return plans
+
+    @staticmethod
+    def first_tasks(plans: list[dict]) -> list[_Task]:
+        """Blends first: the longest tasks start at once, beside the GPTDatasets."""
+        return [p["blend_task"] for p in plans if p.get("blend_task")] + \
+            [t for p in plans for t in p["gpt_tasks"]]
+
+    def finish(self, plans: list[dict]) -> dict[str, SplitIndices]:
+        """Each split's indices once first_tasks(plans) are obtained."""
         for p in plans:
             p["gpts"] = [GptIndices(spec, params, t.cache, *t.result)
                          for spec, params, t in zip(p["specs"], p["params"], p["gpt_tasks"])]
