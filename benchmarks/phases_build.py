@@ -4,11 +4,11 @@ benchmark's blend of 1,000 datasets (benchmarks/scale_blend.py).
     python benchmarks/phases_build.py --root SCRATCH [--datasets 1000] [--docs 20000]
         [--samples 4000000] [--jobs 2] [--repeat 3] [--modes continue,restart]
 
-Writes, beside the scale blend's config, the same blend as one phase and as four
+Writes, beside the scale blend's config (no phases), the same blend as one phase and as four
 phases (boundaries at 1/4, 1/2 and 3/4 of the train samples; each later phase
 re-weights the datasets, the third drops a tenth of them and the fourth adds them
 back), then measures in fresh processes, interleaved round by round on empty caches:
-`mmfs build` of one phase, of four phases (each phase mode asked for), and the
+`mmfs build` of no phases, of one phase, of four phases (each phase mode asked for), and the
 re-open of each from its cache. Prints wall time, peak memory and CPU seconds and
 the ratio four phases / one phase of each round.
 """
@@ -66,7 +66,7 @@ def main() -> None:
     os.makedirs(args.root, exist_ok=True)
     base = generate(args.root, args.datasets, args.docs, args.samples, "cache")
     one = phased_config(base, 1, "continue")
-    configs = {"1 phase": one}
+    configs = {"1 phase": one, "no phases": base}
     for mode in args.modes.split(","):
         configs[f"4 phases, {mode}"] = phased_config(base, 4, mode)
     print(f"blend: {args.datasets} datasets x {args.docs} documents, {args.samples:,} train samples; "

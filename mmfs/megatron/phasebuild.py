@@ -13,9 +13,9 @@ import numpy as np
 from mmfs.config.phases import Phases
 from mmfs.config.schema import SPLITS
 from mmfs.megatron.blend import check_blend_fits, sizes_per_dataset
-from mmfs.megatron.builder import Builder, default_cache_dir, log
+from mmfs.megatron.builder import Builder, log
 from mmfs.megatron.buildtasks import _Task
-from mmfs.megatron.cache import IndexCache
+from mmfs.megatron.cache import IndexCache, default_cache_dir
 from mmfs.megatron.indices import BlendIndices, GptIndices, SplitIndices
 from mmfs.megatron.phases import (
     PhasedBlend,
@@ -83,15 +83,17 @@ class PhasedBuilder(Builder):
         return out
 
     def phased_task(self, phases: Phases, slices: list[PhaseSlice], bases: list[str], folder_spec,
-                    make_blend) -> _Task:
+                    make_blend, wrapped_to: list[int] | None = None) -> _Task:
         """The run's blend, cached: described by the phases and the cache names of
-        the run's GPTDatasets (`bases`)."""
+        the run's GPTDatasets (`bases`); wrapped_to: the GPTDatasets' lengths, for
+        the blend whose used-up datasets start their next pass (continue)."""
         c = self.config
         total = phases.train_samples
         description = json.dumps({
             "class": "PhasedBlend", "phase_mode": phases.mode, "datasets": bases,
             "phases": [{"start": s.start, "end": s.end, "datasets": list(s.members), "weights": list(s.weights)}
                        for s in slices],
+            **({} if wrapped_to is None else {"wrapped_to": wrapped_to}),
         }, indent=4)
         cache = IndexCache(c.cache_dir or default_cache_dir(folder_spec, c, "BlendedDataset"), description,
                            "PhasedBlend", "train")
@@ -121,16 +123,9 @@ def _split(phases: Phases, slices: list[PhaseSlice], gpts: list[GptIndices], tas
     arrays, from_cache = task.result
     draws = arrays["draws"]
     draws = np.asarray(draws.map() if hasattr(draws, "map") else draws)
-    blend_arrays = {k: arrays[k] for k in ("dataset_index", "dataset_sample_index")}
-    split = PhasedSplit("train", gpts, None, phases=phases, slices=slices, draws=draws)
-    lengths = [len(g) for g in gpts]
-    if used_up(split.positions, lengths):  # (only under continue) their next pass, in memory
-        blend = BlendIndices(None, phases.train_samples, task.cache, blend_arrays, from_cache)
-        log.info("train/phases: %s used up; their next pass starts over at their first sample",
-                 ", ".join(g.spec.name for g, n in zip(gpts, split.positions[-1]) if n > len(g)))
-        blend_arrays["dataset_sample_index"] = wrap(blend.dataset_index, blend.dataset_sample_index, lengths)
-    split.blend = BlendIndices(None, phases.train_samples, task.cache, blend_arrays, from_cache)
-    return split
+    blend = BlendIndices(None, phases.train_samples, task.cache,
+                         {k: arrays[k] for k in ("dataset_index", "dataset_sample_index")}, from_cache)
+    return PhasedSplit("train", gpts, blend, phases=phases, slices=slices, draws=draws)
 
 
 class _ContinuePlan:
@@ -145,6 +140,7 @@ class _ContinuePlan:
             for spec, n in zip(p.blend.datasets, sizes):
                 first.setdefault(spec.file, (spec, p, n))
         ids = {file: g for g, file in enumerate(first)}
+        self.builder = builder
         self.specs = [spec for spec, _, _ in first.values()]
         self.made = [builder.gpt_task(spec, "train", bookend, n, f"{p.key}.datasets") for spec, p, n in first.values()]
         self.phases = phases
@@ -155,7 +151,24 @@ class _ContinuePlan:
 
     def finish(self) -> PhasedSplit:
         gpts = [GptIndices(spec, params, t.cache, *t.result) for spec, (t, params) in zip(self.specs, self.made)]
-        return _split(self.phases, self.slices, gpts, self.blend_task)
+        split = _split(self.phases, self.slices, gpts, self.blend_task)
+        lengths = [len(g) for g in gpts]
+        if not used_up(split.positions, lengths):
+            return split
+        # Some dataset is drawn past its GPTDataset: its next pass, cached as a blend of its own.
+        log.info("train/phases: %s used up; each next pass starts over at its first sample",
+                 ", ".join(g.spec.name for g, n in zip(gpts, split.positions[-1]) if n > len(g)))
+        unwrapped = split.blend
+
+        def make() -> PhasedBlend:
+            return PhasedBlend(unwrapped.dataset_index,
+                               wrap(unwrapped.dataset_index, unwrapped.dataset_sample_index, lengths),
+                               split.draws, split.positions)
+
+        task = self.builder.phased_task(self.phases, self.slices, [t.cache.base for t, _ in self.made],
+                                        self.specs[0], make, wrapped_to=lengths)
+        self.builder._run([task])
+        return _split(self.phases, self.slices, gpts, task)
 
 
 class _RestartPlan:
