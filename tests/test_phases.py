@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from mmfs.errors import ConfigError
 from mmfs.megatron.corpus import open_corpus
 from mmfs.megatron.phasefacts import served_before
-from mmfs.megatron.phases import PhaseSlice, continue_blend, megatron_weights
-from mmfs.mount.contract import XATTR_DATASET, XATTR_PHASE
+from mmfs.megatron.phases import PhaseSlice, continue_blend, megatron_weights, wrap
+from mmfs.mount.contract import XATTR_DATASET, XATTR_PHASE, XATTR_SAMPLES
 
 DATA = Path(__file__).resolve().parent / "golden" / "data"
 TRAINING = {"data_parallel_size": 2, "micro_batch_size": 2, "global_batch_size": 8, "train_iters": 30,
@@ -108,6 +108,9 @@ def test_a_used_up_dataset_starts_its_next_pass(tmp_path):
     ids = train.blend.dataset_sample_index[16:].tolist()
     first = n - before
     assert ids == [(before + j) % n for j in range(len(ids))]  # on past its last sample: from its first
+    again = open_corpus(path, progress=False).indices["train"]  # the next pass is cached too
+    assert again.blend.from_cache and np.array_equal(again.blend.dataset_sample_index,
+                                                     train.blend.dataset_sample_index)
     assert served_before(run.splits["train"]) == [0, len(ids) - first]
 
 
@@ -130,8 +133,9 @@ def phase_lists(draw):
 @given(phase_lists())
 def test_continue_properties(case):
     slices, lengths = case
-    run = continue_blend(slices, lengths)
-    pairs = list(zip(run.dataset_index.tolist(), run.dataset_sample_index.tolist()))
+    run = continue_blend(slices, len(lengths))
+    positions = wrap(run.dataset_index, run.dataset_sample_index, lengths)
+    pairs = list(zip(run.dataset_index.tolist(), positions.tolist()))
     assert pairs == reference_continue(slices, lengths)
     # no (dataset, sample) pair twice before that dataset's used up
     seen: dict[int, set] = {}
@@ -148,13 +152,13 @@ def test_continue_properties(case):
             assert abs(drawn[g] - w * s.size) <= len(s.members), (drawn[g], w * s.size)
     # append-only: a different last phase (or none) changes nothing before it
     if len(slices) > 1:
-        shorter = continue_blend(slices[:-1], lengths)
+        shorter = continue_blend(slices[:-1], len(lengths))
         start = slices[-1].start
         assert np.array_equal(shorter.dataset_index, run.dataset_index[:start])
         assert np.array_equal(shorter.dataset_sample_index, run.dataset_sample_index[:start])
         last = slices[-1]
         changed = PhaseSlice(last.start, last.end, last.members[::-1], last.weights)
-        other = continue_blend([*slices[:-1], changed], lengths)
+        other = continue_blend([*slices[:-1], changed], len(lengths))
         assert np.array_equal(other.dataset_sample_index[:start], run.dataset_sample_index[:start])
     # positions are closed-form sums of earlier draws
     assert np.array_equal(run.positions[-1], np.bincount(run.dataset_index, minlength=len(lengths)))
@@ -265,6 +269,15 @@ def test_mount_serves_the_phased_run(tmp_path):
             assert os.getxattr(f, XATTR_DATASET).decode() == run.splits["train"].provenance(i)[0]
         valid = m.path / "valid" / "samples" / "0000000.bin"
         assert XATTR_PHASE not in os.listxattr(valid)
+        # a rank's micro-batches read the same run: rank 1's micro-batches around the boundary
+        ranks = m.path / "train" / "ranks" / "001"
+        seen = []
+        for j in (18, 19, 20, 21):  # iterations 10 and 11: two micro-batches of rank 1 each
+            f = ranks / f"{j:07d}.bin"
+            ids = [int(x) for x in os.getxattr(f, XATTR_SAMPLES).split()]
+            assert f.read_bytes() == b"".join(run.splits["train"].read(i) for i in ids)
+            seen += ids
+        assert min(seen) < 80 <= max(seen)
 
 
 # -- mistakes ---------------------------------------------------------------------
@@ -303,6 +316,32 @@ def test_mistakes_are_one_line_naming_the_key(tmp_path, phases, extra, key, frag
     assert "\n" not in message
     assert message.split(": ")[1] == key, message
     assert fragment in message, message
+
+
+def test_restart_needs_a_fixed_batch_size(tmp_path):
+    training = {**TRAINING, "global_batch_size": 16, "rampup_batch_size": [4, 4, 64]}
+    with pytest.raises(ConfigError, match=r": phase_mode: restart is Megatron's --phase-transition-iterations"):
+        open_corpus(write(tmp_path, phases=TWO_PHASES, phase_mode="restart", training=training), progress=False)
+
+
+def test_phases_with_blend_per_split_are_refused(tmp_path):
+    per_split = {"train": TWO_PHASES[0]["datasets"], "valid": TWO_PHASES[0]["datasets"], "test": None}
+    path = write(tmp_path, phases=TWO_PHASES, blend_per_split=per_split, split=None)
+    with pytest.raises(ConfigError, match=r": phases: phases change the train blend"):
+        open_corpus(path, progress=False)
+
+
+def test_a_phase_in_megatrons_data_path_form_and_a_ramp_up(tmp_path):
+    """`data_path` words in a phase, and boundaries counted through a batch-size ramp-up."""
+    training = {**TRAINING, "global_batch_size": 16, "rampup_batch_size": [4, 4, 64]}
+    words = f"0.2 {DATA / 'u16_docs'} 0.8 {DATA / 'u16_small'}"
+    phases = [TWO_PHASES[0], {"start_iteration": 12, "data_path": words}]
+    corpus = open_corpus(write(tmp_path, phases=phases, training=training), progress=False)
+    schedule = corpus.config.training.schedule
+    train = corpus.indices["train"]
+    assert train.slices[1].start == schedule.consumed_before(13)
+    assert [g.spec.name for g in train.gpts] == ["u16_docs", "u16_multiseq", "u16_small"]
+    assert train.slices[1].weights == tuple(megatron_weights([0.2, 0.8]))
 
 
 def test_no_phases_is_todays_config(tmp_path):

@@ -18,7 +18,6 @@ import numpy as np
 
 from mmfs.config.schema import SPLITS, Config, DatasetSpec
 from mmfs.errors import CacheError, ConfigError
-from mmfs.formats import dataset_stem
 from mmfs.megatron.blend import (
     MAX_DATASETS,
     build_blending_indices,
@@ -28,7 +27,7 @@ from mmfs.megatron.blend import (
 )
 from mmfs.megatron.buildcheck import check_gpt_build
 from mmfs.megatron.buildtasks import CLAIM_MAX, _DropInfo, _Progress, _Task, assign_locks, default_jobs
-from mmfs.megatron.cache import IndexCache
+from mmfs.megatron.cache import IndexCache, default_cache_dir
 from mmfs.megatron.cachelock import try_lock, wait_unlocked
 from mmfs.megatron.cachewrite import Batch
 from mmfs.megatron.descriptions import _Descriptions
@@ -36,31 +35,12 @@ from mmfs.megatron.gpt import GptParams, build_gpt_indices, plan_epochs, predict
 from mmfs.megatron.headerfile import HEADERS_FROM, HeaderFile
 from mmfs.megatron.indices import BLEND_ARRAYS, GPT_ARRAYS, BlendIndices, GptIndices, SplitIndices
 from mmfs.megatron.splits import normalize, split_matrix, split_range
-from mmfs.storage import scheme_of
 
 __all__ = ["Builder", "GptIndices", "BlendIndices", "SplitIndices", "CLAIM_MAX", "_Descriptions",
            "default_cache_dir", "default_jobs"]
 
 log = logging.getLogger(__name__)
 gpt_log = logging.getLogger(build_gpt_indices.__module__)
-
-
-def default_cache_dir(spec: DatasetSpec, config: Config, class_name: str = "GPTDataset") -> str:
-    """Megatron's default: <dataset prefix>/cache/<Class>_indices. (Megatron does not
-    cache blends without a cache path; mmfs keeps them beside the first dataset's.)
-    A dataset in object storage has no folder to write beside: its indices go in the
-    per-user cache folder (storage.cache_dir), which is said once."""
-    if scheme_of(spec.file) is None:
-        return os.path.join(dataset_stem(spec.file), "cache", f"{class_name}_indices")
-    folder = os.path.join(config.storage.cache_folder, "indices")
-    if folder not in _said:
-        _said.add(folder)
-        log.info("the index cache of the datasets in object storage is in %s (set cache_dir to "
-                 "choose another folder)", folder)
-    return folder
-
-
-_said: set[str] = set()
 
 
 class Builder:
@@ -317,25 +297,34 @@ class Builder:
     # -- all splits ------------------------------------------------------------------
 
     def build(self, splits: tuple[str, ...] = SPLITS) -> dict[str, SplitIndices]:
-        """Every split of `splits` (a run in phases builds its train split itself)."""
+        plans = self.plan_splits(splits)
+        self._run(self.first_tasks(plans))
+        return self.finish(plans)
+
+    def plan_splits(self, splits: tuple[str, ...] = SPLITS) -> list[dict]:
+        """The indices each split of `splits` needs (a run in phases plans its train split itself)."""
         c = self.config
         if c.blend is not None:
             matrix = split_matrix(c.split)
             key = "datasets" if c.raw.get("datasets") is not None else "data_path"
             bookends = {s: matrix[i] for i, s in enumerate(SPLITS) if s in splits}
-            plans = self._plan_blend(c.blend.datasets, c.blend.weights, bookends, key,
-                                     per_split=False)
-        else:
-            plans = []
-            for s in SPLITS:
-                blend = c.blend_per_split[s]
-                if blend is not None:
-                    plans += self._plan_blend(blend.datasets, blend.weights, {s: (0.0, 1.0)},
-                                              f"blend_per_split.{s}", per_split=True)
-        # Blends first: the longest tasks start at once, beside the GPTDatasets.
-        first = [p["blend_task"] for p in plans if p.get("blend_task")]
-        first += [t for p in plans for t in p["gpt_tasks"]]
-        self._run(first)
+            return self._plan_blend(c.blend.datasets, c.blend.weights, bookends, key, per_split=False)
+        plans = []
+        for s in SPLITS:
+            blend = c.blend_per_split[s]
+            if blend is not None:
+                plans += self._plan_blend(blend.datasets, blend.weights, {s: (0.0, 1.0)},
+                                          f"blend_per_split.{s}", per_split=True)
+        return plans
+
+    @staticmethod
+    def first_tasks(plans: list[dict]) -> list[_Task]:
+        """Blends first: the longest tasks start at once, beside the GPTDatasets."""
+        return [p["blend_task"] for p in plans if p.get("blend_task")] + \
+            [t for p in plans for t in p["gpt_tasks"]]
+
+    def finish(self, plans: list[dict]) -> dict[str, SplitIndices]:
+        """Each split's indices once first_tasks(plans) are obtained."""
         for p in plans:
             p["gpts"] = [GptIndices(spec, params, t.cache, *t.result)
                          for spec, params, t in zip(p["specs"], p["params"], p["gpt_tasks"])]

@@ -91,25 +91,34 @@ def draws_and_positions(dataset_index: np.ndarray, slices: list[PhaseSlice], num
     return draws, positions
 
 
-def continue_blend(slices: list[PhaseSlice], lengths: list[int]) -> PhasedBlend:
-    """phase_mode continue: lengths[g] is the run's GPTDataset g's sample count."""
-    n = len(lengths)
+def continue_blend(slices: list[PhaseSlice], num_gpts: int) -> PhasedBlend:
+    """phase_mode continue, before any wrap: dataset_sample_index holds each
+    dataset's position (which may run past its GPTDataset's length: see wrap)."""
     total = slices[-1].end
     dataset_index = np.empty(total, dtype=np.int16)
     dataset_sample_index = np.empty(total, dtype=np.int64)
-    position = np.zeros(n, dtype=np.int64)
+    position = np.zeros(num_gpts, dtype=np.int64)
     for s in slices:
         local = build_blending_indices(list(s.weights), s.size)
         members = np.asarray(s.members, dtype=np.int16)
         ids = members[local["dataset_index"]]
         dataset_index[s.start:s.end] = ids
         dataset_sample_index[s.start:s.end] = position[ids] + local["dataset_sample_index"]
-        position += np.bincount(ids, minlength=n)
-    lengths_array = np.asarray(lengths, dtype=np.int64)
-    if (position > lengths_array).any():  # a dataset used up: its next pass starts over
-        np.remainder(dataset_sample_index, lengths_array[dataset_index], out=dataset_sample_index)
-    draws, positions = draws_and_positions(dataset_index, slices, n)
+        position += np.bincount(ids, minlength=num_gpts)
+    draws, positions = draws_and_positions(dataset_index, slices, num_gpts)
     return PhasedBlend(dataset_index, dataset_sample_index, draws, positions)
+
+
+def used_up(positions: np.ndarray, lengths: list[int]) -> bool:
+    """Whether some dataset runs past its GPTDataset by the end of the run."""
+    return bool((positions[-1] > np.asarray(lengths, dtype=np.int64)).any())
+
+
+def wrap(dataset_index: np.ndarray, dataset_sample_index: np.ndarray, lengths: list[int]) -> np.ndarray:
+    """Positions as GPTDataset samples: a used-up dataset's next pass starts over
+    at its sample 0 (position mod its length)."""
+    lengths_array = np.asarray(lengths, dtype=np.int64)
+    return np.remainder(dataset_sample_index, lengths_array[np.asarray(dataset_index)])
 
 
 def restart_blend(slices: list[PhaseSlice], phase_blends: list[dict], num_gpts: int) -> PhasedBlend:
@@ -132,4 +141,4 @@ def phase_of(starts: list[int], sample: int) -> int:
 
 
 __all__ = ["PhaseSlice", "PhasedBlend", "continue_blend", "restart_blend", "draws_and_positions",
-           "megatron_weights", "phase_of"]
+           "megatron_weights", "phase_of", "used_up", "wrap"]
