@@ -7,8 +7,10 @@ beside this file (the tests read it).
 
 CALC: megatron/core/num_microbatches_calculator.py of megatron-core 0.17 (the
 ramp-up calculator) and 0.19 (the step schedule; it ignores rampup_batch_size).
-LM_ROOT: a Megatron-LM checkout at the matching tag (core_v0.17.0, core_v0.19.0),
-whose megatron/training/training.py and arguments.py are read. Plain Python: no
+LM_ROOT: a folder holding megatron/training/training.py and arguments.py of that
+version: the megatron-core wheel's own (0.17.0 and 0.19.2 ship them; unzip the
+wheel), or a Megatron-LM checkout at core_v0.17.0 / core_v0.19.0 (the committed JSON
+was recorded from both; they give the same file). Plain Python: no
 torch, no megatron import. What runs is Megatron's own code, cut out by name:
 
 - consumed_before_iteration: the calculator as the loop drives it: update(consumed,
