@@ -72,19 +72,23 @@ def main() -> None:
     print(f"blend: {args.datasets} datasets x {args.docs} documents, {args.samples:,} train samples; "
           f"-j {args.jobs}; {args.repeat} rounds", flush=True)
     times: dict[str, list[float]] = {name: [] for name in configs}
+    cpu: dict[str, list[float]] = {name: [] for name in configs}
     for r in range(args.repeat):
         print(f"round {r + 1}: cold build (empty cache), then re-open")
         for name, config in configs.items():
             fresh_cache(config)
             built = check(run(mmfs_cmd("-q", "build", config, "-j", str(args.jobs))), f"build {name}")
             times[name].append(built["seconds"])
+            cpu[name].append(built["cpu"])
             row(f"build, {name}", built, f"({built['seconds'] / times['1 phase'][-1]:.2f}x one phase)")
             again = check(run(mmfs_cmd("-q", "build", config)), f"re-open {name}")
             row(f"re-open, {name}", again)
-    print("median build time against one phase:")
+    print("median build against one phase (time, then CPU: on a busy machine CPU-s are the steadier):")
     for name in configs:
         ratios = [t / o for t, o in zip(times[name], times["1 phase"])]
-        print(f"  {name:24} {statistics.median(times[name]):6.2f} s  {statistics.median(ratios):.2f}x")
+        cpu_ratios = [t / o for t, o in zip(cpu[name], cpu["1 phase"])]
+        print(f"  {name:24} {statistics.median(times[name]):6.2f} s  {statistics.median(ratios):.2f}x   "
+              f"{statistics.median(cpu[name]):5.1f} CPU-s  {statistics.median(cpu_ratios):.2f}x")
     for config in configs.values():
         set_aside(config, fresh_cache(config))
     shutil.rmtree(old_caches(base), ignore_errors=True)

@@ -381,3 +381,19 @@ def test_phases_command(tmp_path):
     missing = mmfs("phases", plain)
     assert missing.returncode == 2 and missing.stderr.strip().endswith("see docs/phases.md)")
     assert "phases: missing" in missing.stderr and missing.stderr.count("\n") == 1
+
+
+def test_a_text_dataset_in_phases_is_tokenized_once(tmp_path):
+    """A .jsonl dataset named in two phases: one tokenization, one GPTDataset going on."""
+    golden = Path(__file__).resolve().parent / "golden" / "preprocess"
+    (tmp_path / "corpus.jsonl").write_bytes((golden / "corpus.jsonl").read_bytes())
+    tokenizer = {"type": "HuggingFaceTokenizer", "model": str(golden / "hf_tokenizer")}
+    phases = [{"datasets": [{"path": "corpus.jsonl", "weight": 1.0}]},
+              {"start_iteration": 5, "datasets": [{"path": "corpus.jsonl", "weight": 0.5}, ds("u16_docs", 0.5)]}]
+    path = write(tmp_path, phases=phases, tokenizer=tokenizer, sequence_length=128, split="90,5,5",
+                 samples={"train": 80, "valid": 8, "test": 8},
+                 training={"data_parallel_size": 2, "micro_batch_size": 2, "global_batch_size": 8})
+    train = open_corpus(path, progress=False).indices["train"]
+    assert [g.spec.name for g in train.gpts] == ["corpus", "u16_docs"]
+    assert len(list((tmp_path / "cache" / "text").glob("*_document.idx"))) == 1
+    assert train.positions[1, 0] == 40 and train.draws[1, 0] == 20  # goes on from where phase 0 left it

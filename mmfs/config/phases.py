@@ -131,6 +131,7 @@ def parse_phases(raw: dict, checker: Checker, base_dir: str, top: Blend | None, 
                                          "fixed global batch size (it counts a phase's samples as iterations × "
                                          "global_batch_size); use phase_mode: continue with a batch-size schedule")
     out: list[Phase] = []
+    checked: dict[str, str] = {}  # file -> its default name, once looked at
     for k, entry in enumerate(value):
         key = f"phases[{k}]"
         if not isinstance(entry, dict):
@@ -149,7 +150,7 @@ def parse_phases(raw: dict, checker: Checker, base_dir: str, top: Blend | None, 
             raise checker.fail(f"{key}.{_start_key(entry)}",
                                f"starts at sample {start:,}, at or past the end of training "
                                f"({total:,} train samples); remove the phase or train longer")
-        out.append(Phase(k, key, start, iteration, _blend(entry, key, k, checker, base_dir, top)))
+        out.append(Phase(k, key, start, iteration, _blend(entry, key, k, checker, base_dir, top, checked)))
     return Phases(mode, tuple(out), total)
 
 
@@ -194,7 +195,8 @@ def _start(entry: dict, key: str, k: int, checker: Checker, schedule: Any,
     return samples, iteration - 1
 
 
-def _blend(entry: dict, key: str, k: int, checker: Checker, base_dir: str, top: Blend) -> Blend:
+def _blend(entry: dict, key: str, k: int, checker: Checker, base_dir: str, top: Blend,
+           checked: dict[str, str]) -> Blend:
     given = [d for d in PHASE_DATA_KEYS if entry.get(d) is not None]
     if len(given) > 1:
         raise checker.fail(f"{key}.{given[1]}", "give `datasets` or `data_path`, not both")
@@ -208,7 +210,7 @@ def _blend(entry: dict, key: str, k: int, checker: Checker, base_dir: str, top: 
         value = entry[name]
         if name == "data_path" and isinstance(value, list) and value and all(isinstance(w, str) for w in value):
             value = parse_data_words(value, checker, f"{key}.data_path")
-        blend = parse_blend(value, checker, f"{key}.{name}", base_dir)
+        blend = parse_blend(value, checker, f"{key}.{name}", base_dir, checked)
     where = f"{key}.{given[0] if given else 'datasets'}"
     if blend.weights is None:
         if len(blend.datasets) > 1:

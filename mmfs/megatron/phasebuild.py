@@ -78,9 +78,8 @@ class PhasedBuilder(Builder):
         train = _ContinuePlan(self, phases, bookend) if phases.mode == "continue" else \
             _RestartPlan(self, phases, bookend)
         self._run(self.first_tasks(plans) + train.tasks)
-        out = self.finish(plans)
-        out["train"] = train.finish()
-        return out
+        out = {"train": train.finish(), **self.finish(plans)}
+        return {s: out[s] for s in SPLITS if s in out}
 
     def phased_task(self, phases: Phases, slices: list[PhaseSlice], bases: list[str], folder_spec,
                     make_blend, wrapped_to: list[int] | None = None) -> _Task:

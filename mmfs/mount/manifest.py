@@ -85,7 +85,8 @@ def describe_splits(corpus: Any) -> dict[str, dict[str, Any]]:
 
 def _split(name: str, s: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "top_level": "BlendedDataset" if s.blend else "GPTDataset",
+        "top_level": ("phases" if getattr(s, "phases", None) is not None else "BlendedDataset") if s.blend
+        else "GPTDataset",
         "samples": len(s),
         "gpt_datasets": [
             {
