@@ -1,0 +1,140 @@
+"""The range cache and the prefetcher under a whole node's load, against the real
+S3-protocol server (moto on 127.0.0.1, through the counting proxy): the cache
+folder on a small tmpfs that fills (not one wrong byte, the reads go on, one log
+line), never above cache_limit while ranges are in flight, `streams/` prefetched
+like the declared views, and one log line per failed read."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmfs.storage.rangecache import PAGE, RangeCache
+
+DATA = np.random.default_rng(11).integers(0, 256, 4 << 20, dtype=np.uint8).tobytes()
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: int):
+    """A tmpfs of `size` bytes at `path` (root only), unmounted on the way out."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def allocated(folder: Path) -> int:
+    """Bytes the file system holds for the files under `folder` (du's count)."""
+    total = 0
+    for d, _, names in os.walk(folder):
+        for n in names:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(d, n)).st_blocks * 512
+    return total
+
+
+def exact(offset: int, buffer: memoryview) -> None:
+    buffer[:] = DATA[offset : offset + len(buffer)]
+
+
+def hammer(cache: RangeCache, threads: int, reads: int, fetch=exact, span: int = 20000) -> int:
+    """`threads` readers reading random ranges at once; the count of wrong bytes."""
+    wrong = [0] * threads
+
+    def reader(k: int) -> None:
+        rng = np.random.default_rng(k)
+        for _ in range(reads):
+            lo, n = int(rng.integers(0, len(DATA) - span)), int(rng.integers(1, span))
+            buf = bytearray(n)
+            assert cache.read("obj", len(DATA), lo, memoryview(buf), fetch) == n
+            want = np.frombuffer(DATA[lo : lo + n], np.uint8)
+            wrong[k] += int(np.count_nonzero(np.frombuffer(buf, np.uint8) != want))
+
+    pool = [threading.Thread(target=reader, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return sum(wrong)
+
+
+# -- the range cache on its own ------------------------------------------------------
+
+
+def test_a_full_disk_never_caches_bytes_it_did_not_store(tmp_path, caplog):
+    """A 1 MiB tmpfs under a 64 MiB limit: writes fail short or with ENOSPC; those
+    ranges stay uncached, every read is served from the fetched bytes, the cache
+    shrinks below what fits, and says so once."""
+    with tmpfs(tmp_path / "disk", 1 << 20) as disk, caplog.at_level(logging.WARNING):
+        cache = RangeCache(str(disk / "ranges"), 64 << 20)
+        assert hammer(cache, 8, 400) == 0
+        assert cache.limit < 1 << 20  # shrunk to what the disk holds
+        assert hammer(cache, 8, 200) == 0  # and reads go on, from the cache too
+        assert cache.on_disk and cache.cached_bytes > 0
+        assert allocated(disk) <= cache.limit
+        lines = [r.getMessage() for r in caplog.records if "ranges" in r.getMessage()]
+        assert len(lines) == 1 and "the disk is full" in lines[0], lines
+        cache.close()
+
+
+def test_a_disk_with_no_room_at_all_turns_the_cache_off(tmp_path, caplog):
+    with tmpfs(tmp_path / "disk", 64 << 10) as disk, caplog.at_level(logging.WARNING):
+        cache = RangeCache(str(disk / "ranges"), 64 << 20)
+        assert hammer(cache, 4, 200) == 0
+        assert not cache.on_disk and cache.cached_bytes == 0
+        assert allocated(disk) == 0
+        assert hammer(cache, 4, 50) == 0  # every read fetched for itself
+        assert len([r for r in caplog.records if "without a disk cache" in r.getMessage()]) == 1
+
+
+def test_a_write_error_leaves_the_range_uncached_and_the_cache_off(tmp_path, caplog):
+    """Any error but a full disk (here EBADF: the data file is open read-only) turns
+    the disk cache off; the read that hit it is served from its fetched bytes."""
+    cache = RangeCache(str(tmp_path / "ranges"), 1 << 20)
+    buf = bytearray(100)
+    cache.read("obj", len(DATA), 0, memoryview(buf), exact)  # makes the object's file
+    obj = cache._objects["obj"]
+    writable, obj.fd = obj.fd, os.open(os.path.join(cache.folder, "0.data"), os.O_RDONLY)
+    os.close(writable)
+    with caplog.at_level(logging.WARNING):
+        got = bytearray(5000)
+        cache.read("obj", len(DATA), 10000, memoryview(got), exact)
+        assert got == DATA[10000:15000]
+        assert not cache.on_disk and cache.cached_bytes == 0
+        assert hammer(cache, 2, 50) == 0
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "cannot write the cache folder" in line and os.strerror(errno.EBADF) in line
+
+
+def test_ranges_in_flight_are_counted_in_the_limit(tmp_path):
+    """Every range is reserved before it is written: sampled while 8 readers read,
+    neither the cache's own count nor the disk is ever above the limit."""
+    limit = 24 * PAGE
+    gate = threading.Event()
+    samples: list[tuple[int, int]] = []
+
+    def slow(offset: int, buffer: memoryview) -> None:
+        samples.append((cache.cached_bytes + cache.reserved_bytes, allocated(tmp_path / "disk")))
+        gate.wait(0.001)
+        exact(offset, buffer)
+
+    with tmpfs(tmp_path / "disk", 16 << 20) as disk:
+        cache = RangeCache(str(disk / "ranges"), limit)
+        assert hammer(cache, 8, 300, fetch=slow, span=9000) == 0
+        assert cache.peak_bytes <= limit
+        assert max(s for s, _ in samples) <= limit
+        assert max(d for _, d in samples) <= limit
+        assert allocated(disk) <= limit
