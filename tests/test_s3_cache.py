@@ -12,10 +12,12 @@ import logging
 import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from mmfs.storage.rangecache import PAGE, RangeCache
 
@@ -138,3 +140,119 @@ def test_ranges_in_flight_are_counted_in_the_limit(tmp_path):
         assert max(s for s, _ in samples) <= limit
         assert max(d for _, d in samples) <= limit
         assert allocated(disk) <= limit
+
+
+# -- through a mount, from the real S3-protocol server -------------------------------
+
+pytest.importorskip("boto3")
+pytest.importorskip("moto")
+
+from s3_server import CREDENTIALS, FaultProxy, MotoServer  # noqa: E402
+
+from mount_fixtures import mounted  # noqa: E402
+
+BUCKET = "node"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """A 1.5 MB uint16 dataset on local disk and in the bucket."""
+    from mmfs.formats.writer import IndexedDatasetWriter
+
+    folder = tmp_path_factory.mktemp("node") / "data"
+    folder.mkdir()
+    rng = np.random.default_rng(23)
+    with IndexedDatasetWriter(str(folder / "toks.bin"), dtype=np.uint16) as w:
+        for n in rng.integers(100, 1400, 1000):
+            w.add_item(rng.integers(0, 50000, int(n), dtype=np.uint16))
+            w.end_document()
+        w.finalize(str(folder / "toks.idx"))
+    server = MotoServer()
+    for name in ("toks.bin", "toks.idx"):
+        server.put(BUCKET, f"data/{name}", (folder / name).read_bytes())
+    yield server, folder
+    server.stop()
+
+
+@pytest.fixture
+def proxy(dataset, monkeypatch):
+    for k, v in CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    p = FaultProxy(dataset[0].port)
+    yield p
+    p.close()
+
+
+def configs(tmp_path: Path, folder: Path, endpoint: str, cache: Path, **storage) -> tuple[Path, Path]:
+    """(local config, the same dataset from the bucket), 8 ranks of micro-batches of 2."""
+    (tmp_path / "data").symlink_to(folder, target_is_directory=True)
+    base = {"split": "100,0,0", "sequence_length": 128, "tokenizer": {"eod": 0, "pad": None},
+            "training": {"data_parallel_size": 8, "micro_batch_size": 2, "global_batch_size": 16}}
+    local = tmp_path / "local.yaml"
+    local.write_text(yaml.safe_dump({**base, "datasets": [{"path": "data/toks"}], "cache_dir": "c1"}))
+    remote = tmp_path / "s3.yaml"
+    remote.write_text(yaml.safe_dump({**base, "datasets": [{"path": f"s3://{BUCKET}/data/toks"}],
+                                      "cache_dir": "c2", "storage": {"endpoint_url": endpoint,
+                                                                     "cache_dir": str(cache), **storage}}))
+    return local, remote
+
+
+def quiet(proxy: FaultProxy, still: float = 0.3, longest: float = 20.0) -> None:
+    """Wait until no request has reached the proxy for `still` seconds (the
+    prefetcher is done for now)."""
+    deadline = time.monotonic() + longest
+    seen = -1
+    while seen != proxy.requests and time.monotonic() < deadline:
+        seen = proxy.requests
+        time.sleep(still)
+
+
+STREAM = "train/streams/dp=4,mbs=2,from=8/001"
+
+
+@pytest.mark.parametrize("folder", ["train/ranks/003", STREAM])
+def test_every_view_is_prefetched_streams_too(tmp_path, proxy, dataset, folder):
+    """After a file of a view is read, the next one is fetched ahead: it reads while
+    the store is down."""
+    local, s3 = configs(tmp_path, dataset[1], proxy.url, tmp_path / "storage", prefetch=64 << 10,
+                        retries=0, request_timeout=2)
+    with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
+        names = sorted(os.listdir(a.path / folder))[:12]
+        assert len(names) == 12
+        for k in range(0, len(names), 2):
+            assert (b.path / folder / names[k]).read_bytes() == (a.path / folder / names[k]).read_bytes()
+            quiet(proxy)
+            proxy.down = True
+            try:  # from the range cache, or EIO
+                assert (b.path / folder / names[k + 1]).read_bytes() == (a.path / folder / names[k + 1]).read_bytes()
+            finally:
+                proxy.down = False
+
+
+def test_a_failed_read_is_one_log_line(tmp_path, proxy, dataset):
+    """Each failed read of a file is one line (the object, the bytes, why, and the
+    file and sample it was), not one from the fetch and one from the read, and the
+    kernel's retry of the same read adds none."""
+    local, s3 = configs(tmp_path, dataset[1], proxy.url, tmp_path / "storage", prefetch=64 << 10,
+                        retries=0, request_timeout=2)
+    files = [f"train/ranks/002/{k:07d}.bin" for k in (0, 1, 5)] + [f"{STREAM}/{k:07d}.bin" for k in (0, 3)]
+    with mounted(s3, tmp_path / "s3") as b:
+        assert (b.path / "train/samples/0000000.bin").read_bytes()
+        quiet(proxy)
+        start = len(b.log.read_text().splitlines())
+        proxy.down = True
+        for name in files:
+            with pytest.raises(OSError) as failed:
+                (b.path / name).read_bytes()
+            assert failed.value.errno == errno.EIO
+        proxy.down = False
+        quiet(proxy)
+        lines = b.log.read_text().splitlines()[start:]
+    errors = [line for line in lines if "ERROR" in line]
+    assert len(errors) == len(files), "\n".join(lines)
+    for name, line in zip(files, errors):
+        assert name in line and f"s3://{BUCKET}/data/toks.bin: bytes" in line, line
