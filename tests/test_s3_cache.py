@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import subprocess
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
+from mmfs.mount.fairshare import FairQueue
 from mmfs.storage.rangecache import PAGE, RangeCache
 
 DATA = np.random.default_rng(11).integers(0, 256, 4 << 20, dtype=np.uint8).tobytes()
@@ -142,6 +144,80 @@ def test_ranges_in_flight_are_counted_in_the_limit(tmp_path):
         assert allocated(disk) <= limit
 
 
+
+# -- the prefetcher's fair queue -------------------------------------------------------
+
+
+def handed_out(q: FairQueue, n: int) -> list[tuple[str, int]]:
+    return [q.get() for _ in range(n)]
+
+
+def test_ranks_waiting_together_are_served_in_turn():
+    """Rank 0 queued its whole window before rank 1 asked: they still take turns
+    (a FIFO would serve rank 0's ten first)."""
+    q = FairQueue()
+    for j in range(10):
+        q.put("rank0", 100, j)
+    for j in range(10):
+        q.put("rank1", 100, j)
+    assert handed_out(q, 6) == [("rank0", 0), ("rank1", 0), ("rank0", 1), ("rank1", 1), ("rank0", 2), ("rank1", 2)]
+
+
+def test_a_rank_that_fell_behind_is_served_first():
+    """Rank 1's reader has read 300 bytes, rank 0's 1,000: rank 1's files go first
+    until it has caught up, then they alternate."""
+    q = FairQueue()
+    for j in range(10):
+        q.put("rank0", 100, j)
+    for j in range(3):
+        q.put("rank1", 100, j)
+    handed_out(q, 13)
+    for j in range(10, 16):
+        q.put("rank0", 100, j)
+    for j in range(3, 13):
+        q.put("rank1", 100, j)
+    order = [view for view, _ in handed_out(q, 16)]
+    assert order[:7] == ["rank1"] * 7
+    assert order[7:13] == ["rank0", "rank1"] * 3
+
+
+def test_fetches_go_in_proportion_to_what_each_reads():
+    """While both wait, each view is given the same bytes: a view of 2 KB files gets
+    one file for every two of a view of 1 KB files."""
+    q = FairQueue()
+    for j in range(20):
+        q.put("big", 2000, j)
+        q.put("small", 1000, j)
+    given = {"big": 0, "small": 0}
+    for view, _ in handed_out(q, 30):
+        given[view] += 2000 if view == "big" else 1000
+        assert abs(given["big"] - given["small"]) <= 2000
+    assert q.given == given
+
+
+def test_a_reader_that_starts_late_gets_no_credit_for_its_idle_time():
+    q = FairQueue()
+    for j in range(20):
+        q.put("early", 100, j)
+    handed_out(q, 10)
+    for j in range(5):
+        q.put("late", 100, j)
+    order = [view for view, _ in handed_out(q, 6)]
+    assert order.count("late") == 3, order  # in turn with the early one, not all five first
+
+
+def test_a_jump_takes_the_view_s_waiting_files_out():
+    q = FairQueue()
+    for j in range(5):
+        q.put("a", 100, j)
+        q.put("b", 100, j)
+    handed_out(q, 4)
+    assert q.drop("a") == [2, 3, 4]
+    q.put("a", 100, 40)
+    assert q.waiting()[0] == ("a", 40)  # from the tag last handed out: before b's waiting three
+    assert q.given == {"a": 200, "b": 200}
+
+
 # -- through a mount, from the real S3-protocol server -------------------------------
 
 pytest.importorskip("boto3")
@@ -256,3 +332,67 @@ def test_a_failed_read_is_one_log_line(tmp_path, proxy, dataset):
     assert len(errors) == len(files), "\n".join(lines)
     for name, line in zip(files, errors):
         assert name in line and f"s3://{BUCKET}/data/toks.bin: bytes" in line, line
+
+
+def read_ranks(local: Path, remote: Path, ranks: int = 8) -> tuple[int, list[str]]:
+    """Every file of ranks/000..: one reader thread per rank at once; (wrong files, errors)."""
+    wrong, errors = [0] * ranks, []
+
+    def reader(rank: int) -> None:
+        folder = f"train/ranks/{rank:03d}"
+        for name in sorted(os.listdir(local / folder)):
+            try:
+                wrong[rank] += (remote / folder / name).read_bytes() != (local / folder / name).read_bytes()
+            except OSError as exc:
+                errors.append(f"{folder}/{name}: {exc}")
+
+    pool = [threading.Thread(target=reader, args=(r,)) for r in range(ranks)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return sum(wrong), errors
+
+
+def test_a_cache_disk_that_fills_serves_every_byte_right(tmp_path, proxy, dataset):
+    """The cache folder on a 1 MiB tmpfs, cache_limit 64 MiB, 8 readers: not one
+    wrong byte, no failed read, and one line in the log."""
+    with tmpfs(tmp_path / "disk", 1 << 20) as disk:
+        local, s3 = configs(tmp_path, dataset[1], proxy.url, disk, cache_limit="64MiB", prefetch=256 << 10)
+        with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
+            for _ in range(2):  # filling, then full
+                assert read_ranks(a.path, b.path) == (0, [])
+            assert allocated(disk) <= 1 << 20
+        log = b.log.read_text()
+    assert len([line for line in log.splitlines() if "ranges" in line and "WARNING" in line]) == 1, log
+    assert "the disk is full" in log or "without a disk cache" in log
+    assert "ERROR" not in log
+
+
+def test_the_cache_folder_stays_under_its_limit_while_8_ranks_read(tmp_path, proxy, dataset):
+    """Sampled while 8 readers read (and the prefetcher fetches ahead of each): the
+    allocated blocks of the range folder never pass cache_limit. Each rank's window
+    was served from the fair queue."""
+    limit = 1 << 20
+    with tmpfs(tmp_path / "disk", 16 << 20) as disk:
+        local, s3 = configs(tmp_path, dataset[1], proxy.url, disk, cache_limit=limit, prefetch=256 << 10)
+        proxy.delay = 0.005
+        with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
+            samples, reading = [], True
+
+            def sample() -> None:
+                while reading:
+                    samples.append(allocated(disk / "ranges"))
+                    time.sleep(0.01)
+
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            try:
+                assert read_ranks(a.path, b.path) == (0, [])
+            finally:
+                reading = False
+                sampler.join()
+        log = b.log.read_text()
+    assert len(samples) > 20 and max(samples) <= limit, max(samples)
+    given = json.loads(log.split("bytes per view: ", 1)[1].splitlines()[0])
+    assert sorted(given) == [f"/train/ranks/{r:03d}" for r in range(8)], given

@@ -1,14 +1,16 @@
 """The order in which the prefetcher's fetches are handed to its workers: a fair
-share for every reader of a mount (start-time fair queueing over views).
+share for every reader of a mount.
 
 Each view (a rank's folder, a stream rank, samples/, ...) puts the files its window
-wants; each task is tagged with the bytes the view has been given before it (its
-start tag) and the lowest tag goes first. So a view that has been given less (a
-rank that fell behind) is served before the views ahead of it, and while several
-views wait, each gets bytes in turn, in proportion to what it reads (a view asks
-for more only as its reader moves on). A view that had nothing waiting starts at
-the tag last handed out: it gets no credit for the time it was idle, so a reader
-that starts late or pauses does not push the others out.
+wants, in the order its reader reads them; a file's tag is where it lies in what
+the view's reader reads (the bytes of the view's files before it, counted from
+where the reader started), and the lowest tag goes first. So the reader that has
+read the least (a rank that fell behind) is served before the readers ahead of
+it, and readers that keep pace take turns, each given bytes in proportion to what
+it reads. A reader's tags count from the tag last handed out when it starts (or
+jumps): one that starts late is not served ahead of all the others until it has
+read as much as they have. What a view can have waiting is its window (at most
+`prefetch` bytes), so no reader can hold the others back for longer than that.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class FairQueue:
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, int, Hashable, Any]] = []  # (start tag, order put, view, task)
-        self._finish: dict[Hashable, int] = {}  # each view's tag after its last task put
+        self._finish: dict[Hashable, int] = {}  # each view's tag after the last file it put
         self._now = 0  # the start tag of the task last handed out
         self._order = itertools.count()
         self._cond = threading.Condition()
@@ -35,7 +37,7 @@ class FairQueue:
     def put(self, view: Hashable, cost: int, task: Any) -> int:
         """Queue `task` of `view`, worth `cost` bytes; its start tag."""
         with self._cond:
-            start = max(self._finish.get(view, 0), self._now)
+            start = self._finish.get(view, self._now)
             self._finish[view] = start + cost
             heapq.heappush(self._heap, (start, next(self._order), view, (cost, task)))
             self._cond.notify()
@@ -54,16 +56,15 @@ class FairQueue:
             return view, task
 
     def drop(self, view: Hashable) -> list[Any]:
-        """Take the view's waiting tasks out (its reader jumped); they are not counted
-        as given. The tasks taken out."""
+        """Take the view's waiting tasks out (its reader jumped): they are not counted
+        as given, and its next file counts from the tag last handed out. The tasks
+        taken out."""
         with self._cond:
-            mine = [item for item in self._heap if item[2] == view]
-            if not mine:
-                return []
+            mine = [item[3][1] for item in self._heap if item[2] == view]
             self._heap = [item for item in self._heap if item[2] != view]
             heapq.heapify(self._heap)
-            self._finish[view] = min(item[0] for item in mine)
-            return [item[3][1] for item in mine]
+            self._finish.pop(view, None)
+            return mine
 
     def waiting(self) -> list[tuple[Hashable, Any]]:
         """The (view, task) pairs queued, in the order they would be handed out."""

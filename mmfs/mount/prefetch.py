@@ -16,10 +16,11 @@ the byte ranges of its pieces into the range cache, so the reader then finds
 them there. Each view has its own window: a rank that reads only its own files
 fetches only its own samples' bytes. A reader that jumps (a resumed job) moves
 the window to where it now reads. The windows' files wait in one fair queue
-(mount/fairshare.py): the view given the fewest bytes goes first, so the readers
-of a mount (the ranks of a node) get fetches in proportion to what they read, and
-a rank that falls behind is served before the ranks ahead of it; all windows
-together stay within `budget` bytes ahead, each view's fair part of it at least.
+(mount/fairshare.py): the file earliest in what its reader reads goes first, so the
+readers of a mount (the ranks of a node) get fetches in proportion to what they
+read, and a rank that falls behind is served before the ranks ahead of it; all
+windows together stay within `budget` bytes ahead, each view's fair part of it at
+least.
 
 A file the window has not fetched yet is fetched when its first bytes are read:
 every piece at once (the C core would fetch them one after another, a round trip
