@@ -7,20 +7,23 @@ bytes of file j of a view, they tell this prefetcher (mmfs_fuse_set_read_hook,
 with the view's path), which reads files j + 1, j + 2, ... of that view in the
 background, ahead of the reader, on `max_requests` workers. The window starts at
 two files and doubles, up to `prefetch` bytes, each time the reader reaches a
-file whose fetch has not finished while fewer than `max_requests` fetches wait or
-run (with them all busy, the store is what the reader waits for, and a wider
-window would only fetch further ahead): it grows until it hides the store's
-latency at the reader's pace, and no further, so what is fetched and never read
-when a reader stops stays small. Reading a file through the C core fetches exactly
-the byte ranges of its pieces into the range cache, so the reader then finds
-them there. Each view has its own window: a rank that reads only its own files
-fetches only its own samples' bytes. A reader that jumps (a resumed job) moves
-the window to where it now reads. The windows' files wait in one fair queue
-(mount/fairshare.py): the file earliest in what its reader reads goes first, so the
-readers of a mount (the ranks of a node) get fetches in proportion to what they
-read, and a rank that falls behind is served before the ranks ahead of it; all
-windows together stay within `budget` bytes ahead, each view's fair part of it at
-least.
+file whose fetch has not finished while the view has fewer fetches waiting or
+running than its share of the workers (`max_requests` over the views fetching;
+with its share busy, the store is what the reader waits for, and a wider window
+would only fetch further ahead): it grows until it hides the store's latency at
+the reader's pace, and no further, so what is fetched and never read when a
+reader stops stays small. (The share is each view's own: counted against all the
+workers, the ranks that came first could grow their windows and keep the others'
+from growing.)
+Reading a file through the C core fetches exactly the byte ranges of its pieces
+into the range cache, so the reader then finds them there. Each view has its own
+window: a rank that reads only its own files fetches only its own samples' bytes.
+A reader that jumps (a resumed job) moves the window to where it now reads. The
+windows' files wait in one fair queue (mount/fairshare.py): the file earliest in
+what its reader reads goes first, so the readers of a mount (the ranks of a node)
+get fetches in proportion to what they read, and a rank that falls behind is
+served before the ranks ahead of it; all windows together stay within `budget`
+bytes ahead, each view's fair part of it at least.
 
 A file the window has not fetched yet is fetched when its first bytes are read:
 every piece at once (the C core would fetch them one after another, a round trip
@@ -34,6 +37,7 @@ import json
 import logging
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -72,7 +76,7 @@ class Prefetcher:
         self._windows: dict[str, _Window] = {}
         self._sizes: dict[tuple[str, int], int] = {}  # (view, file) scheduled -> bytes
         self._done: set[tuple[str, int]] = set()  # (view, file) scheduled and fetched
-        self._running = 0  # fetches scheduled and not finished
+        self._running: Counter[str] = Counter()  # per view: fetches scheduled and not finished
         self.max_requests = max_requests
         self.queue = FairQueue()
         self._workers = [threading.Thread(target=self._work, name=f"mmfs-prefetch-{k}", daemon=True)
@@ -130,7 +134,7 @@ class Prefetcher:
                 if kind == "read":
                     self._advance(key, found, file)
                 else:  # "fetched", "failed" or "skipped"
-                    self._running -= 1
+                    self._running[key] -= 1
                     if kind == "fetched" and (key, file) in self._sizes:
                         self._done.add((key, file))
             except Exception:  # never let the planner die: the mount still serves
@@ -142,13 +146,13 @@ class Prefetcher:
             w = self._windows[key] = _Window(*found)
         registry, view = found
         if file <= w.reading or file > w.next:  # a jump (or a re-read): start over here
-            self._running -= len(self.queue.drop(key))
+            self._running[key] -= len(self.queue.drop(key))
             w.next, w.ahead = file + 1, 0
             w.target = 2 * registry.size(view, file)
             self._sizes = {k: v for k, v in self._sizes.items() if k[0] != key}
             self._done = {k for k in self._done if k[0] != key}
         else:  # the reader moved on: what it passed no longer counts ahead
-            if (key, file) not in self._done and self._running < self.max_requests:
+            if (key, file) not in self._done and self._running[key] < self._share():
                 w.target = 2 * w.target  # it caught up with a window that was not the limit
             for j in range(w.reading + 1, file + 1):
                 w.ahead -= self._sizes.pop((key, j), 0)
@@ -165,8 +169,12 @@ class Prefetcher:
             w.ahead += size
             ahead += size
             w.next += 1
-            self._running += 1
+            self._running[key] += 1
             self.queue.put(key, size, (w, j))
+
+    def _share(self) -> int:
+        """A view's fair part of the workers: max_requests over the views fetching."""
+        return max(1, self.max_requests // max(1, sum(n > 0 for n in self._running.values())))
 
     def _work(self) -> None:
         """A worker: the fair queue's next file, into the range cache."""
