@@ -334,13 +334,14 @@ def test_a_failed_read_is_one_log_line(tmp_path, proxy, dataset):
         assert name in line and f"s3://{BUCKET}/data/toks.bin: bytes" in line, line
 
 
-def read_ranks(local: Path, remote: Path, ranks: int = 8) -> tuple[int, list[str]]:
-    """Every file of ranks/000..: one reader thread per rank at once; (wrong files, errors)."""
+def read_ranks(local: Path, remote: Path, ranks: int = 8, files: int = 80) -> tuple[int, list[str]]:
+    """The first `files` files of ranks/000..: one reader thread per rank at once;
+    (wrong files, errors)."""
     wrong, errors = [0] * ranks, []
 
     def reader(rank: int) -> None:
         folder = f"train/ranks/{rank:03d}"
-        for name in sorted(os.listdir(local / folder)):
+        for name in sorted(os.listdir(local / folder))[:files]:
             try:
                 wrong[rank] += (remote / folder / name).read_bytes() != (local / folder / name).read_bytes()
             except OSError as exc:
@@ -393,6 +394,6 @@ def test_the_cache_folder_stays_under_its_limit_while_8_ranks_read(tmp_path, pro
                 reading = False
                 sampler.join()
         log = b.log.read_text()
-    assert len(samples) > 20 and max(samples) <= limit, max(samples)
+    assert len(samples) > 20 and limit // 2 < max(samples) <= limit, max(samples)
     given = json.loads(log.split("bytes per view: ", 1)[1].splitlines()[0])
     assert sorted(given) == [f"/train/ranks/{r:03d}" for r in range(8)], given
