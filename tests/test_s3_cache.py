@@ -218,6 +218,36 @@ def test_a_jump_takes_the_view_s_waiting_files_out():
     assert q.given == {"a": 200, "b": 200}
 
 
+
+def test_the_prefetcher_queues_a_rank_that_fell_behind_first(tmp_path):
+    """The planner's own decisions, for the 8 ranks of a mount (nothing fetched: no
+    worker runs): rank 0's reader is at file 9, rank 1's at file 3; rank 1's next
+    files wait before any of rank 0's, although rank 0 asked first."""
+    from golden_cases import write_case_config
+    from mmfs.megatron import open_corpus
+    from mmfs.mount.fuse import view_finder
+    from mmfs.mount.prefetch import Prefetcher
+    from mmfs.mount.tree import Tree
+
+    config = write_case_config("p1_single_u16", tmp_path)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["training"] = {"data_parallel_size": 8, "micro_batch_size": 1}
+    config.write_text(yaml.safe_dump(cfg))
+    find = view_finder(Tree(open_corpus(str(config), progress=False)))
+    ahead, behind = "/train/ranks/000", "/train/ranks/001"
+    prefetcher = Prefetcher(find, prefetch=1 << 20, max_requests=4)
+    for j in range(10):
+        prefetcher._advance(ahead, find(ahead), j)
+    for j in range(4):
+        prefetcher._advance(behind, find(behind), j)
+    reading = {ahead: 9, behind: 3}
+    order = [(view, j) for view, (_, j) in prefetcher.queue.waiting() if j > reading[view]]  # (passed: skipped)
+    views = [view for view, _ in order]
+    assert behind in views and ahead in views
+    assert views == sorted(views, key=lambda v: v != behind), order  # every file of rank 1 first
+    assert [j for view, j in order if view == behind] == sorted(j for view, j in order if view == behind)
+
+
 # -- through a mount, from the real S3-protocol server -------------------------------
 
 pytest.importorskip("boto3")
