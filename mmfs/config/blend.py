@@ -119,7 +119,11 @@ def _json_key(entry: dict, file: str, checker: Checker, where: str) -> str | Non
     return key
 
 
-def parse_blend(value: Any, checker: Checker, key: str, base_dir: str) -> Blend:
+def parse_blend(value: Any, checker: Checker, key: str, base_dir: str,
+                checked: dict[str, str] | None = None) -> Blend:
+    """checked: files already found sound, with their default names (a run in
+    phases names a dataset in many phases: each is looked at once); the files
+    found sound here are added."""
     if isinstance(value, str):
         value = parse_data_path(value, checker, key)
     if not isinstance(value, list) or not value:
@@ -142,7 +146,8 @@ def parse_blend(value: Any, checker: Checker, key: str, base_dir: str) -> Blend:
                                                 f"dataset path itself (it would open {path}.idx); give the prefix "
                                                 f"{path[:-4]}")
         try:  # (a text file is looked up when its tokenization is named: _with_texts)
-            problem = None if json_key is not None else dataset_problem(file)
+            problem = None if json_key is not None or (checked is not None and file in checked) \
+                else dataset_problem(file)
         except StorageUnavailable as exc:
             raise checker.fail(f"{where}.path", str(exc)) from None
         if problem is not None:
@@ -155,8 +160,12 @@ def parse_blend(value: Any, checker: Checker, key: str, base_dir: str) -> Blend:
                     f"{where}.weight", f"must be a positive number, got {show(entry.get('weight'))}"
                 )
         name = entry.get("name")
+        if name is None and checked is not None and file in checked:
+            name = checked[file]
         if name is None:
             name = text_stem(file) if json_key is not None else os.path.basename(dataset_stem(file))
+            if checked is not None:
+                checked[file] = name
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._+-]{1,255}", name) \
                 or name in (".", ".."):
             raise checker.fail(
@@ -199,7 +208,7 @@ def with_texts(blend: Blend, tokenizer: TokenizerBlock, folder: str, checker: Ch
     `folder` (tokenized when the corpus is opened; see megatron/tokenized.py)."""
     specs = []
     for i, d in enumerate(blend.datasets):
-        if d.json_key is not None:
+        if d.json_key is not None and d.text is None:  # (a phase may reuse a blend already done)
             if tokenizer.spec is None:
                 raise checker.fail(f"{key}[{i}].path", "a text dataset is tokenized with the config's tokenizer: "
                                                        "give tokenizer.type (and its model, or vocab_file and "

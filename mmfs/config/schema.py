@@ -25,6 +25,7 @@ from mmfs.config.blend import (
     with_texts,
 )
 from mmfs.config.checker import Checker
+from mmfs.config.phases import Phases, first_phase_data, parse_phases
 from mmfs.config.safe_yaml import read_yaml, show
 from mmfs.config.storage import parse_storage
 from mmfs.config.tokenizer import parse_tokenizer
@@ -53,6 +54,8 @@ TOP_LEVEL_KEYS = {
     "cache_dir",
     "training",
     "storage",
+    "phases",
+    "phase_mode",
 }
 MAX_SURPLUS = 1e9  # far above any use; keeps (1 + surplus) * samples finite
 
@@ -79,6 +82,7 @@ class Config:
     sample_keys: dict[str, str] = field(default_factory=dict)
     storage: StorageSettings = field(default_factory=StorageSettings)  # the `storage:` block
     tokenizer: TokenizerSpec | None = None  # `tokenizer.type` and its files, when given
+    phases: Phases | None = None  # `phases:` (config/phases.py); None: one blend for the whole run
 
     def samples_key(self, split: str) -> str:
         """What to change to change the split's sample count."""
@@ -96,6 +100,7 @@ class Config:
     def all_datasets(self) -> list[DatasetSpec]:
         """Every distinct dataset (by file), in order of first appearance."""
         blends = [self.blend] if self.blend else list((self.blend_per_split or {}).values())
+        blends += [p.blend for p in self.phases.phases] if self.phases else []
         seen: dict[str, DatasetSpec] = {}
         for blend in blends:
             for d in blend.datasets if blend else ():
@@ -133,6 +138,8 @@ class Config:
             "cache_dir": self.cache_dir,
             "training": None if self.training is None else self.training.as_dict(),
             "storage": dataclasses.asdict(self.storage),
+            **({} if self.phases is None else
+               {"phases": self.phases.as_dict(), "phase_mode": self.phases.mode}),
         }
 
 def _parse_samples(value: Any, checker: Checker) -> dict[str, int | None]:
@@ -178,6 +185,8 @@ def load_config(path: str) -> Config:
     storage = parse_storage(raw.get("storage"), checker, base_dir)
     configure_storage(storage)  # before any dataset is looked at: some may be remote
 
+    if not any(raw.get(k) is not None for k in DATA_SOURCES):
+        raw = first_phase_data(raw, checker)  # valid and test from the first phase
     sources = [k for k in DATA_SOURCES if raw.get(k) is not None]
     if len(sources) != 1:
         raise checker.fail(
@@ -240,12 +249,17 @@ def load_config(path: str) -> Config:
     else:
         blend_per_split = {s: b and with_texts(b, tokenizer, text_folder, checker, f"blend_per_split.{s}")
                            for s, b in blend_per_split.items()}
-    training = with_schedule(parse_training(raw.get("training"), checker), sequence_length, checker)
     given = _parse_samples(raw.get("samples"), checker)
+    training = with_schedule(parse_training(raw.get("training"), checker), sequence_length, given.get("train"),
+                             checker)
     samples = samples_with_training(given, training, checker)
     sample_keys = {} if training is None else \
         {s: training.derived_from(s) for s in SPLITS if given.get(s) is None and samples[s] is not None}
     _check_weighted_sizes(blend, blend_per_split, samples, checker)
+    phases = parse_phases(raw, checker, base_dir, blend, samples, sequence_length, training)
+    if phases is not None:
+        phases = phases.with_blends(lambda b, key: with_texts(b, tokenizer, text_folder, checker, f"{key}.datasets"))
+        check_names([blend, *(p.blend for p in phases.phases)], checker, "phases")
     return Config(
         path=path,
         blend=blend,
@@ -269,4 +283,5 @@ def load_config(path: str) -> Config:
         sample_keys=sample_keys,
         storage=storage,
         tokenizer=tokenizer.spec,
+        phases=phases,
     )

@@ -9,266 +9,38 @@ ConfigError naming the YAML file and the key instead.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from mmfs.config.schema import SPLITS, Config, DatasetSpec
 from mmfs.errors import CacheError, ConfigError
-from mmfs.formats import dataset_stem
-from mmfs.megatron.arrays import file_region
 from mmfs.megatron.blend import (
     MAX_DATASETS,
-    blend_description,
     build_blending_indices,
     build_exhaustive_blending_indices,
     check_blend_fits,
     sizes_per_dataset,
 )
 from mmfs.megatron.buildcheck import check_gpt_build
-from mmfs.megatron.cache import IndexCache, description_hash
+from mmfs.megatron.buildtasks import CLAIM_MAX, _DropInfo, _Progress, _Task, assign_locks, default_jobs
+from mmfs.megatron.cache import IndexCache, default_cache_dir
 from mmfs.megatron.cachelock import try_lock, wait_unlocked
 from mmfs.megatron.cachewrite import Batch
+from mmfs.megatron.descriptions import _Descriptions
 from mmfs.megatron.gpt import GptParams, build_gpt_indices, plan_epochs, predict_gpt_size
 from mmfs.megatron.headerfile import HEADERS_FROM, HeaderFile
-from mmfs.megatron.npyfile import CachedArray
+from mmfs.megatron.indices import BLEND_ARRAYS, GPT_ARRAYS, BlendIndices, GptIndices, SplitIndices
 from mmfs.megatron.splits import normalize, split_matrix, split_range
-from mmfs.storage import scheme_of
+
+__all__ = ["Builder", "GptIndices", "BlendIndices", "SplitIndices", "CLAIM_MAX", "_Descriptions",
+           "default_cache_dir", "default_jobs"]
 
 log = logging.getLogger(__name__)
 gpt_log = logging.getLogger(build_gpt_indices.__module__)
-DETAILED_UP_TO = 16  # indices: a build of more logs only its progress
-
-GPT_ARRAYS = {
-    "document_index": (("int32",), 1),
-    "sample_index": (("int32", "int64"), 2),
-    "shuffle_index": (("uint32", "int64"), 1),
-}
-BLEND_ARRAYS = {
-    "dataset_index": (("int16",), 1),
-    "dataset_sample_index": (("int64",), 1),
-}
-
-
-class _Arrays:
-    """Named arrays, each in memory or a CachedArray mapped on first use, and the
-    cache they belong to."""
-
-    def __init__(self, arrays: dict, cache: IndexCache, from_cache: bool) -> None:
-        self._arrays = dict(arrays)
-        self.cache = cache
-        self.from_cache = from_cache
-
-    def array(self, name: str) -> np.ndarray:
-        a = self._arrays[name]
-        if isinstance(a, CachedArray):
-            a = self._arrays[name] = a.map()
-        return a
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._arrays[name].shape)
-
-    def raw(self, name: str) -> np.ndarray | CachedArray:
-        """The array as held: in memory, or (not mapped yet) a CachedArray."""
-        return self._arrays[name]
-
-    def bytes_in_memory(self) -> int:
-        """Bytes of these arrays held in memory rather than in cache files (which
-        are mapped on first use); O(1) per array, maps nothing."""
-        return sum(int(a.nbytes) for a in self._arrays.values()
-                   if not isinstance(a, CachedArray) and file_region(a) is None)
-
-
-class GptIndices(_Arrays):
-    """One GPTDataset: a dataset, a split of its sequences, and its three indices."""
-
-    def __init__(self, spec: DatasetSpec, params: GptParams, cache: IndexCache, arrays: dict,
-                 from_cache: bool) -> None:
-        super().__init__(arrays, cache, from_cache)
-        self.spec = spec
-        self.params = params
-
-    document_index = property(lambda self: self.array("document_index"))
-    sample_index = property(lambda self: self.array("sample_index"))
-    shuffle_index = property(lambda self: self.array("shuffle_index"))
-
-    def __len__(self) -> int:
-        return self.shape("sample_index")[0] - 1
-
-
-class BlendIndices(_Arrays):
-    def __init__(self, weights: list, size: int | None, cache: IndexCache, arrays: dict,
-                 from_cache: bool) -> None:
-        super().__init__(arrays, cache, from_cache)
-        self.weights = weights
-        self.size = size
-
-    dataset_index = property(lambda self: self.array("dataset_index"))
-    dataset_sample_index = property(lambda self: self.array("dataset_sample_index"))
-
-
-@dataclass
-class SplitIndices:
-    """What a split's top-level dataset is: one GPTDataset, or a blend of several."""
-
-    name: str
-    gpts: list[GptIndices]
-    blend: BlendIndices | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        if self.blend is None:
-            return len(self.gpts[0])
-        return self.blend.shape("dataset_index")[0]
-
-
-class _Descriptions:
-    """Megatron's descriptions of many GPTDatasets and their blend, fast: json.dumps
-    with indent runs in pure Python, which costs seconds over thousands of datasets.
-    One GptParams.description() with marker values gives the text of every
-    GPTDataset of a config; a blend's nests them, indented, as json.dumps would."""
-
-    MARKS = {"dataset_path": "\x00mmfs-path", "num_samples": "\x00mmfs-samples",
-             "split": "\x00mmfs-split"}
-
-    def __init__(self) -> None:
-        self._templates: dict = {}
-
-    def gpt(self, p: GptParams) -> str:
-        fixed = (p.seed, p.sequence_length, p.config_split, json.dumps(p.config_split_matrix),
-                 json.dumps(p.tokenizer_identifiers))
-        template = self._templates.get(fixed)
-        if template is None:
-            m = self.MARKS
-            marked = replace(p, dataset_path=m["dataset_path"], num_samples=m["num_samples"],
-                             split=m["split"])
-            template = self._templates[fixed] = marked.description()
-        text = template
-        for name, value in (("dataset_path", p.dataset_path), ("num_samples", p.num_samples),
-                            ("split", p.split)):
-            text = text.replace(json.dumps(self.MARKS[name]), json.dumps(value), 1)
-        return text
-
-    @staticmethod
-    def blend(gpt_descriptions: list[str], split: str, weights: list, size: int | None) -> str:
-        marker = "\x00mmfs-datasets"
-        text = blend_description(marker, split, weights, size)  # type: ignore[arg-type]
-        pad = "\n" + " " * 8
-        nested = "[]" if not gpt_descriptions else \
-            "[" + ",".join(pad + d.replace("\n", pad) for d in gpt_descriptions) + "\n    ]"
-        return text.replace(json.dumps(marker), nested, 1)
-
-
-def default_cache_dir(spec: DatasetSpec, config: Config, class_name: str = "GPTDataset") -> str:
-    """Megatron's default: <dataset prefix>/cache/<Class>_indices. (Megatron does not
-    cache blends without a cache path; mmfs keeps them beside the first dataset's.)
-    A dataset in object storage has no folder to write beside: its indices go in the
-    per-user cache folder (storage.cache_dir), which is said once."""
-    if scheme_of(spec.file) is None:
-        return os.path.join(dataset_stem(spec.file), "cache", f"{class_name}_indices")
-    folder = os.path.join(config.storage.cache_folder, "indices")
-    if folder not in _said:
-        _said.add(folder)
-        log.info("the index cache of the datasets in object storage is in %s (set cache_dir to "
-                 "choose another folder)", folder)
-    return folder
-
-
-_said: set[str] = set()
-
-
-class _Task:
-    """One index to obtain: from the cache, by building it, or by waiting for the
-    builder that holds its lock. `result` is set once it is obtained."""
-
-    def __init__(self, cache: IndexCache, specs: dict, label: str, fits, make, check) -> None:
-        self.cache = cache
-        self.specs = specs
-        self.label = label
-        self.fits = fits  # cached arrays (headers) -> bool
-        self.make = make  # () -> dict of arrays
-        self.check = check  # () -> None: raises when it cannot be built (before any is)
-        self.checked = False
-        self.result: tuple[dict, bool] | None = None  # (arrays, from_cache)
-        self.weights: list | None = None  # a blend's, as Megatron describes them
-        self.lock_path = cache.lock_path  # or its claim's (assign_locks)
-
-
-CLAIM_MAX = 32  # indices under one build lock
-
-
-def assign_locks(tasks: list[_Task]) -> None:
-    """The lock each task is built under. A lock file per index would create and
-    delete thousands of inodes for a large blend (and on ext4 without a journal,
-    every file created in the next minutes scans the freed ones), so GPTDatasets
-    go in claims of up to CLAIM_MAX, named after their members: builders of one
-    config agree on them. A config of fewer than 128 indices keeps a lock per
-    index; a larger one has at least 64 claims, to share among threads and builders."""
-    size = max(1, min(CLAIM_MAX, len(tasks) // 64))
-    if size == 1:
-        return
-    groups: dict[tuple, list[_Task]] = {}
-    for t in tasks:  # a blend (a long build) stays alone
-        groups.setdefault((t.cache.folder, t.specs is BLEND_ARRAYS), []).append(t)
-    for (folder, blends), group in groups.items():
-        if blends or folder is None:
-            continue
-        for k in range(0, len(group), size):
-            members = group[k:k + size]
-            if len(members) > 1:
-                name = description_hash("\n".join(t.cache.base for t in members))
-                for t in members:
-                    t.lock_path = os.path.join(folder, f"{name}-indices.lock")
-
-
-class _Progress:
-    """Logs how many indices are ready, at most once a second, and at the end. A
-    small build also names each index it builds and its steps; a large one (a
-    blend of many datasets) only counts."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.built = self.loaded = 0
-        self.detailed = total <= DETAILED_UP_TO
-        self.t0 = self.last = time.perf_counter()
-        self._guard = threading.Lock()
-
-    def building(self, label: str) -> None:
-        with self._guard:
-            n = self.built + self.loaded + 1
-        log.log(logging.INFO if self.detailed else logging.DEBUG, "[%d] building %s indices",
-                n, label)
-
-    def step(self, built: bool) -> None:
-        with self._guard:
-            if built:
-                self.built += 1
-            else:
-                self.loaded += 1
-            now = time.perf_counter()
-            done = self.built + self.loaded
-            if now - self.last >= 1.0 or done == self.total:
-                self.last = now
-                log.info("indices: %d/%d ready (%d built, %d from cache) in %.1f s", done,
-                         self.total, self.built, self.loaded, now - self.t0)
-
-
-class _DropInfo(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno != logging.INFO
-
-
-def default_jobs() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 class Builder:
@@ -524,25 +296,35 @@ class Builder:
 
     # -- all splits ------------------------------------------------------------------
 
-    def build(self) -> dict[str, SplitIndices]:
+    def build(self, splits: tuple[str, ...] = SPLITS) -> dict[str, SplitIndices]:
+        plans = self.plan_splits(splits)
+        self._run(self.first_tasks(plans))
+        return self.finish(plans)
+
+    def plan_splits(self, splits: tuple[str, ...] = SPLITS) -> list[dict]:
+        """The indices each split of `splits` needs (a run in phases plans its train split itself)."""
         c = self.config
         if c.blend is not None:
             matrix = split_matrix(c.split)
             key = "datasets" if c.raw.get("datasets") is not None else "data_path"
-            bookends = {s: matrix[i] for i, s in enumerate(SPLITS)}
-            plans = self._plan_blend(c.blend.datasets, c.blend.weights, bookends, key,
-                                     per_split=False)
-        else:
-            plans = []
-            for s in SPLITS:
-                blend = c.blend_per_split[s]
-                if blend is not None:
-                    plans += self._plan_blend(blend.datasets, blend.weights, {s: (0.0, 1.0)},
-                                              f"blend_per_split.{s}", per_split=True)
-        # Blends first: the longest tasks start at once, beside the GPTDatasets.
-        first = [p["blend_task"] for p in plans if p.get("blend_task")]
-        first += [t for p in plans for t in p["gpt_tasks"]]
-        self._run(first)
+            bookends = {s: matrix[i] for i, s in enumerate(SPLITS) if s in splits}
+            return self._plan_blend(c.blend.datasets, c.blend.weights, bookends, key, per_split=False)
+        plans = []
+        for s in SPLITS:
+            blend = c.blend_per_split[s]
+            if blend is not None:
+                plans += self._plan_blend(blend.datasets, blend.weights, {s: (0.0, 1.0)},
+                                          f"blend_per_split.{s}", per_split=True)
+        return plans
+
+    @staticmethod
+    def first_tasks(plans: list[dict]) -> list[_Task]:
+        """Blends first: the longest tasks start at once, beside the GPTDatasets."""
+        return [p["blend_task"] for p in plans if p.get("blend_task")] + \
+            [t for p in plans for t in p["gpt_tasks"]]
+
+    def finish(self, plans: list[dict]) -> dict[str, SplitIndices]:
+        """Each split's indices once first_tasks(plans) are obtained."""
         for p in plans:
             p["gpts"] = [GptIndices(spec, params, t.cache, *t.result)
                          for spec, params, t in zip(p["specs"], p["params"], p["gpt_tasks"])]
@@ -580,7 +362,8 @@ class Builder:
                               "lengths and its BlendedDataset asserts that every weight is above 0. "
                               f"Give {split} a larger share, set its share to 0, or leave the dataset out")
 
-    def _plan_blend(self, specs, weights, bookends: dict, key: str, per_split: bool) -> list[dict]:
+    def _plan_blend(self, specs, weights, bookends: dict, key: str, per_split: bool,
+                    split_sizes: dict | None = None) -> list[dict]:
         """What each split needs: its GPTDataset tasks and, where it blends, the blend."""
         c = self.config
         if len(specs) > MAX_DATASETS:
@@ -591,7 +374,7 @@ class Builder:
         for split, bookend in bookends.items():
             if bookend is None:
                 continue
-            size = c.samples[split]
+            size = c.samples[split] if split_sizes is None else split_sizes[split]
             p: dict = {"split": split, "key": key, "specs": list(specs), "drawn": []}
             # Megatron: one prefix without weights is the GPTDataset itself; with
             # blend_per_split, one prefix is never blended.

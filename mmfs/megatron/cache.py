@@ -29,9 +29,12 @@ import os
 
 import numpy as np
 
+from mmfs.config.schema import Config, DatasetSpec
 from mmfs.errors import CacheError
+from mmfs.formats import dataset_stem
 from mmfs.megatron.cachewrite import Batch, clean_stale_temporaries, temp_name, unlink_quietly, write_problem
 from mmfs.megatron.npyfile import CachedArray, FileId, arrays_fit_specs, file_id, read_npy_header, read_text
+from mmfs.storage import scheme_of
 
 log = logging.getLogger(__name__)
 
@@ -142,3 +145,21 @@ class IndexCache:
             write(f)
             f.flush()
             return file_id(os.fstat(fd))
+
+
+def default_cache_dir(spec: DatasetSpec, config: Config, class_name: str = "GPTDataset") -> str:
+    """Megatron's default: <dataset prefix>/cache/<Class>_indices. (Megatron does not
+    cache blends without a cache path; mmfs keeps them beside the first dataset's.)
+    A dataset in object storage has no folder to write beside: its indices go in the
+    per-user cache folder (storage.cache_dir), which is said once."""
+    if scheme_of(spec.file) is None:
+        return os.path.join(dataset_stem(spec.file), "cache", f"{class_name}_indices")
+    folder = os.path.join(config.storage.cache_folder, "indices")
+    if folder not in _said:
+        _said.add(folder)
+        log.info("the index cache of the datasets in object storage is in %s (set cache_dir to "
+                 "choose another folder)", folder)
+    return folder
+
+
+_said: set[str] = set()

@@ -13,6 +13,7 @@ import re
 # -- paths ------------------------------------------------------------------------
 
 MANIFEST = "mmfs.json"
+REPORT = "report.html"  # `mmfs report`'s page of the mounted config
 SAMPLES = "samples"
 RANKS = "ranks"
 STREAMS = "streams"
@@ -37,10 +38,13 @@ def streams_dir(split: str) -> str:
 
 
 # A stream layout folder's name, the one spelling (docs/streams.md): decimal
-# numbers without leading zeros, the optional parts in this order.
+# numbers without leading zeros, the optional parts in this order. from= may be
+# longer than 64 bits: Megatron's cyclic sampler takes any consumed_samples whose
+# epoch torch's manual_seed accepts (rankplan.plan_stream checks that).
 _NUMBER = r"(0|[1-9][0-9]{0,18})"
+_CONSUMED = r"(0|[1-9][0-9]{0,99})"
 STREAM_NAME = re.compile(
-    rf"dp=(?P<dp>{_NUMBER}),mbs=(?P<mbs>{_NUMBER}),from=(?P<consumed>{_NUMBER})"
+    rf"dp=(?P<dp>{_NUMBER}),mbs=(?P<mbs>{_NUMBER}),from=(?P<consumed>{_CONSUMED})"
     r"(?:,sampler=(?P<sampler>single|cyclic))?(?:,sharding=(?P<sharding>true|false))?"
 )
 STREAM_NAME_HELP = "dp=<D>,mbs=<M>,from=<C>[,sampler=single|cyclic][,sharding=true|false]"
@@ -104,11 +108,13 @@ def file_name(i: int, width: int) -> str:
 XATTR_DATASET = "user.mmfs.dataset"
 XATTR_PIECES = "user.mmfs.pieces"
 XATTR_SAMPLES = "user.mmfs.samples"
+XATTR_PHASE = "user.mmfs.phase"  # a run in phases (docs/phases.md): the train sample's phase
 XATTR_DOCS = {
     XATTR_DATASET: "name of the dataset a sample was cut from",
     XATTR_PIECES: "space-separated sequence:offset:length triples, in sample order "
     "(sequence ids of that dataset; offsets and lengths in tokens)",
     XATTR_SAMPLES: "on a micro-batch file: its sample ids in the split, space-separated, in batch order",
+    XATTR_PHASE: "on a train sample of a run in phases: its phase (index in mmfs.json's phases.phases, from 0)",
 }
 
 # -- mmfs.json keys a loader reads --------------------------------------------------
@@ -125,6 +131,7 @@ KEY_SPLITS = "splits"  # {split: {KEY_PATH, KEY_NAME_WIDTH, ...}}
 KEY_PATH = "path"
 KEY_NAME_WIDTH = "name_width"
 KEY_TRAINING = "training"
+KEY_PHASES = "phases"  # a run in phases: {phase_mode, phases: [{phase, start_sample, end_sample, datasets}]}
 # ... and in the training section:
 KEY_DATA_PARALLEL_SIZE = "data_parallel_size"
 KEY_MICRO_BATCH_SIZE = "micro_batch_size"

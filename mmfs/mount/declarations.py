@@ -14,6 +14,7 @@ from mmfs.mount.contract import (
     DOCUMENTS,
     SEQUENCES,
     XATTR_DATASET,
+    XATTR_PHASE,
     XATTR_PIECES,
     XATTR_SAMPLES,
     dataset_dir,
@@ -28,22 +29,29 @@ from mmfs.native import error_detail, ffi, lib
 def sample_view(split_name: str, split: Any, mtime_ns: int) -> View:
     """A split's samples in training order: `/<split>/samples`."""
 
+    phased = getattr(split.indices, "phases", None) is not None
+
     def xattrs(i: int) -> dict[str, bytes]:
         dataset, pieces = split.provenance(i)
-        return {
+        out = {
             XATTR_DATASET: dataset.encode(),
             XATTR_PIECES: " ".join(f"{s}:{o}:{n}" for s, o, n in pieces).encode(),
         }
+        if phased:
+            out[XATTR_PHASE] = str(split.indices.phase_of(i)).encode()
+        return out
 
     def describe_file(i: int) -> str:
         try:
             gpt, k = split.locate(i)
         except Exception as exc:  # the blend or shuffle index itself is bad: say that
             return f" ({exc})"
-        return f" (dataset {gpt.name}, its sample {k})"
+        phase = f", phase {split.indices.phase_of(i)}" if phased else ""
+        return f" (dataset {gpt.name}, its sample {k}{phase})"
 
     return View(sample_dir(split_name), len(split), split.dtype, "split", split.c, mtime_ns,
-                file_tokens=split.sample_tokens, xattr_names=(XATTR_DATASET, XATTR_PIECES),
+                file_tokens=split.sample_tokens,
+                xattr_names=(XATTR_DATASET, XATTR_PIECES) + ((XATTR_PHASE,) if phased else ()),
                 xattrs=xattrs, keep=split, describe_file=describe_file)
 
 

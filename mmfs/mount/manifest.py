@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from mmfs import __version__
+from mmfs.megatron.phasefacts import describe_phases
 from mmfs.megatron.rankplan import plan_kind
 from mmfs.mount.contract import (
     DOCUMENTS,
@@ -25,6 +26,7 @@ from mmfs.mount.contract import (
     KEY_NAME_WIDTH,
     KEY_PAD,
     KEY_PATH,
+    KEY_PHASES,
     KEY_RANK_NAME_WIDTH,
     KEY_RANKS_PATH,
     KEY_SAMPLES,
@@ -69,6 +71,9 @@ def manifest(corpus: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]
     if training is not None:
         info[KEY_TRAINING] = describe_training(
             training, info[KEY_SAMPLES], info[KEY_BYTES_PER_SAMPLE])
+    train = corpus.indices.get("train")
+    if getattr(train, "phases", None) is not None:
+        info[KEY_PHASES] = describe_phases(train)
     info.update(extra or {})
     return info
 
@@ -80,7 +85,8 @@ def describe_splits(corpus: Any) -> dict[str, dict[str, Any]]:
 
 def _split(name: str, s: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "top_level": "BlendedDataset" if s.blend else "GPTDataset",
+        "top_level": ("phases" if getattr(s, "phases", None) is not None else "BlendedDataset") if s.blend
+        else "GPTDataset",
         "samples": len(s),
         "gpt_datasets": [
             {
@@ -95,7 +101,7 @@ def _split(name: str, s: Any) -> dict[str, Any]:
         ],
     }
     if s.blend:
-        out["blend"] = {"weights": s.blend.weights, "size": s.blend.size,
+        out["blend"] = {"weights": s.blend.weights, "size": s.blend.size,  # (weights None: phased)
                         "cache": s.blend.cache.path("*")}
     if len(s) > 0:
         out[KEY_PATH] = sample_dir(name).lstrip("/")
