@@ -467,7 +467,9 @@ def summary(best: dict, ceiling: dict) -> None:
                TARGET_OVER_BEST_OTHER, False)
     target("fetched / served", m8["fetched_per_served"], TARGET_FETCHED_PER_SERVED, True)
     target("daemon peak RSS, MB", m8["rss_peak"] / 1e6, TARGET_RSS / 1e6, True)
-    target("samples/s over the boto3 ceiling", m8["samples_per_s"] / rate["boto3"], TARGET_OVER_CEILING, False)
+    name, ceiling_rate = max((("boto3", rate["boto3"]), ("bare HTTP", rate["plain"])), key=lambda kv: kv[1])
+    target(f"samples/s over the ceiling (the faster plain client: {name})", m8["samples_per_s"] / ceiling_rate,
+           TARGET_OVER_CEILING, False)
     spread = (m8["last_done"] - m8["first_done"]) / m8["last_done"]
     print(f"  first and last rank finished {m8['last_done'] - m8['first_done']:.1f} s apart "
           f"({100 * spread:.0f} % of the run)")
@@ -560,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
                          run_megatron(work / f"megatron-{ranks}", proxy, work / "mmfs-8" / "s3.yaml", ranks,
                                       args.megatron_n, args.chunk, m8["firsts"], Path(tmp) / "megatron"))
         proxy.close()
-    ceiling = max(ceilings, key=lambda c: c["samples_per_s"]["boto3"])
+    ceiling = max(ceilings, key=lambda c: max(c["samples_per_s"]["boto3"], c["samples_per_s"]["plain"]))
     summary(best, ceiling)
     return 0
 
