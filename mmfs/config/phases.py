@@ -150,8 +150,22 @@ def parse_phases(raw: dict, checker: Checker, base_dir: str, top: Blend | None, 
             raise checker.fail(f"{key}.{_start_key(entry)}",
                                f"starts at sample {start:,}, at or past the end of training "
                                f"({total:,} train samples); remove the phase or train longer")
-        out.append(Phase(k, key, start, iteration, _blend(entry, key, k, checker, base_dir, top, checked)))
+        blend = _blend(entry, key, k, checker, base_dir, top, checked)
+        if mode == "continue":
+            _no_twice(blend, entry, key, checker)
+        out.append(Phase(k, key, start, iteration, blend))
     return Phases(mode, tuple(out), total)
+
+
+def _no_twice(blend: Blend, entry: dict, key: str, checker: Checker) -> None:
+    """Under continue a dataset has one position: it is named once a phase."""
+    seen: dict[str, int] = {}
+    where = f"{key}.{'data_path' if entry.get('data_path') is not None else 'datasets'}"
+    for i, d in enumerate(blend.datasets):
+        if d.file in seen:
+            raise checker.fail(f"{where}[{i}].path", f"names {d.name} a second time in the phase (first as "
+                                                     f"[{seen[d.file]}]); give it once, with the two weights summed")
+        seen[d.file] = i
 
 
 def _start_key(entry: dict) -> str:
