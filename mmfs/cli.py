@@ -35,8 +35,9 @@ COMMANDS = {
     "which": "mmfs.tools.which:which_command",
     "resume-check": "mmfs.tools.resume_check:resume_check_command",
     "phases": "mmfs.tools.phases:phases_command",
-    "config": "mmfs.tools.megatron_args:config_command",
+    "config": "mmfs.tools.megatron_phase_args:config_command",  # one launch, or one per phase
     "preprocess": "mmfs.tools.preprocess.command:preprocess_command",
+    "report": "mmfs.tools.report:report_command",
 }
 
 
@@ -68,7 +69,9 @@ def add_config_parser(sub, common: argparse.ArgumentParser) -> None:
     """`mmfs config --from-megatron ARGS...`: the YAML config for Megatron-LM's arguments."""
     p = sub.add_parser("config", parents=[common], help="print the YAML config of Megatron-LM launch arguments")
     p.add_argument("--from-megatron", nargs=argparse.REMAINDER, required=True, metavar="ARGS",
-                   help="Megatron-LM's arguments (pretrain_gpt.py's), or @FILE holding them; the rest of the line")
+                   help="Megatron-LM's arguments (pretrain_gpt.py's), or @FILE holding them; the rest of the line. "
+                        "A run in phases (--phase-transition-iterations): one launch per phase, separated by "
+                        "--next-phase")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,8 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="does a job resumed on another layout read every sample exactly once?")
     p.add_argument("config", help="the YAML config the job ran with (its training: block)")
     p.add_argument("--consumed", type=int, required=True, help="consumed_samples at the checkpoint")
-    p.add_argument("--to", required=True, metavar="dp=D,mbs=M[,sampler=single|cyclic][,sharding=true|false]",
+    p.add_argument("--to", metavar="dp=D,mbs=M[,sampler=single|cyclic][,sharding=true|false]",
                    help="the layout the job resumes on")
+    p.add_argument("--to-config", metavar="NEW_CONFIG",
+                   help="the config the job resumes with (a phase added or changed at the resume point)")
     p.add_argument("--split", default="train", choices=SPLITS)
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p = sub.add_parser("phases", parents=[common],
@@ -148,6 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="a YAML config with a phases: list")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     add_config_parser(sub, common)
+
+    p = sub.add_parser("report", parents=[common],
+                       help="the training mix as one self-contained HTML page (or --json figures)")
+    p.add_argument("target", help="a YAML config, or an mmfs mount")
+    p.add_argument("-o", dest="output", metavar="FILE.html", help="where to write the page (default: report.html)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON instead")
+    p.add_argument("--iterations", metavar="I,J,...",
+                   help="the iterations the page's sample browser holds (default: up to 24 across the run)")
 
     p = sub.add_parser("preprocess", parents=[common],
                        help="tokenize JSONL or Parquet into IndexedDatasets (Megatron's tools/preprocess_data.py)")

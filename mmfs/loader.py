@@ -30,6 +30,7 @@ gives every sample its own mask (what Megatron gives a fresh dataset object).
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from collections.abc import Iterator
@@ -87,6 +88,9 @@ class Mount:
         self.pad_in_dtype = int(np.array(self.pad).astype(self.dtype))
         self.samples: dict[str, int] = {k: int(v) for k, v in info[contract.KEY_SAMPLES].items()}
         self.training: dict[str, Any] | None = info.get(contract.KEY_TRAINING)
+        # a run in phases (docs/phases.md): each phase's [start_sample, end_sample) of train
+        self.phases: dict[str, Any] | None = info.get(contract.KEY_PHASES)
+        self._phase_starts = [int(p["start_sample"]) for p in self.phases["phases"]] if self.phases else []
 
     # -- samples ----------------------------------------------------------------
 
@@ -94,6 +98,15 @@ class Mount:
         if not isinstance(split, str) or split not in self.samples:
             raise LoaderError(f"{self.path}: no split {split!r} (the mount has {', '.join(self.samples)})")
         return self.info[contract.KEY_SPLITS][split]
+
+    def phase(self, split: str, i: int) -> int | None:
+        """The phase of sample i (an index into mmfs.json's phases.phases), or None
+        where the split is not phased (valid, test, a run without phases)."""
+        self._split(split)
+        i = _whole("i", i)
+        if split != "train" or not self._phase_starts:
+            return None
+        return bisect.bisect_right(self._phase_starts, i) - 1
 
     def sample_path(self, split: str, i: int) -> str:
         s = self._split(split)
@@ -239,7 +252,7 @@ class Mount:
 
     def microbatch_file(self, path: str, **flags: bool) -> dict[str, np.ndarray]:
         """A micro-batch file (of ranks/ or streams/) as megatron_batch of its samples,
-        plus `sample_ids`."""
+        plus `sample_ids`, and in a run in phases the `phase` of each train sample."""
         _check_flags(flags)
         raw = np.frombuffer(_read(path), dtype=self.dtype).reshape(-1, self.tokens_per_sample)
         ids = [int(x) for x in _xattr(path, contract.XATTR_SAMPLES).split()]
@@ -248,6 +261,8 @@ class Mount:
         split = os.path.relpath(path, self.path).split(os.sep)[0]
         batch = self._items(raw, lambda row: self.pieces(split, ids[row]), flags)
         batch["sample_ids"] = np.asarray(ids, dtype=np.int64)
+        if split == "train" and self._phase_starts:
+            batch["phase"] = np.asarray([self.phase(split, i) for i in ids], dtype=np.int64)
         return batch
 
     # -- GPTDataset.__getitem__, for a stack of samples ---------------------------------

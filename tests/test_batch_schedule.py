@@ -1,6 +1,7 @@
 """The global batch size over a run (training.rampup_batch_size, training.
-step_batch_size_schedule) against megatron-core's calculators as recorded in
-tests/reference/batch_schedules.json, and `mmfs which` following it."""
+step_batch_size_schedule) against megatron-core's calculators, Megatron-LM's
+training loop and its evaluate() as recorded in tests/reference/batch_schedules.json,
+and `mmfs which` following it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 import yaml
 
 from golden_cases import PUBLIC, write_case_config
-from mmfs.config.rampup import rampup_schedule, step_schedule
+from mmfs.config.rampup import ScheduleError, check_reached, rampup_schedule, step_schedule
 from mmfs.config.schema import load_config
+from mmfs.tools.which import which
 from mount_fixtures import mmfs
 
 REFERENCE = json.loads((Path(__file__).parent / "reference" / "batch_schedules.json").read_text())
@@ -142,3 +144,99 @@ def test_which_consumed_errors_are_one_line(tmp_path, args, words):
     proc = mmfs("which", config, *args)
     # (argparse's own errors come after its usage lines)
     assert proc.returncode == 2 and words in proc.stderr.splitlines()[-1], proc.stderr
+
+
+# -- a job resumed anywhere, the training loop's asserts, evaluation steps ------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: str(c.get("rampup_batch_size") or c["step_batch_size_schedule"]))
+def test_a_job_resumed_at_any_consumed_samples_gets_the_calculators_size(case):
+    schedule = _schedule(case)
+    step = case["micro_batch_size"] * case["data_parallel_size"]
+    assert [schedule.batch_size_at(k * step) for k in range(len(case["resumed_batch_size"]))] == \
+        case["resumed_batch_size"]
+
+
+@pytest.mark.parametrize("loop", REFERENCE["loops"],
+                         ids=lambda c: f"{c['step_batch_size_schedule']}-{c['train_iters']}")
+def test_sizes_are_checked_where_megatrons_training_loop_reaches_them(loop):
+    schedule = step_schedule(loop["step_batch_size_schedule"], loop["sequence_length"])
+    consumed = loop["consumed_before_iteration"]
+    assert [schedule.consumed_before(i) for i in range(1, len(consumed) + 1)] == consumed
+    step = loop["micro_batch_size"] * loop["data_parallel_size"]
+    assertion = loop["assertion"]
+    if assertion is None:
+        check_reached(schedule, step, loop["train_iters"])
+        return
+    with pytest.raises(ScheduleError) as exc:
+        check_reached(schedule, step, loop["train_iters"])
+    assert f"at iteration {assertion['iteration']} " in str(exc.value)
+    decrease = "should not decrease" in assertion["message"]
+    assert ("Number of microbatches should not decrease" in str(exc.value)) == decrease
+    assert ("not a multiple" in str(exc.value)) == (not decrease)
+    check_reached(schedule, step, assertion["iteration"] - 1)  # the run before it is fine
+
+
+def _loop_training(loop: dict) -> dict:
+    return {"data_parallel_size": loop["data_parallel_size"], "micro_batch_size": loop["micro_batch_size"],
+            "step_batch_size_schedule": loop["step_batch_size_schedule"], "train_iters": loop["train_iters"],
+            "eval_interval": 1000, "eval_iters": 1}
+
+
+def test_a_decrease_the_run_reaches_is_one_line_and_one_it_never_reaches_is_accepted(tmp_path):
+    loops = [c for c in REFERENCE["loops"] if c["sequence_length"] == 128]
+    for n, loop in enumerate(loops):
+        config = _config(tmp_path, _loop_training(loop), f"loop{n}", drop_samples=True)
+        if loop["assertion"] is None:
+            load_config(str(config))
+            continue
+        proc = mmfs("build", config)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert f"{config}: training.step_batch_size_schedule: " in proc.stderr
+        assert f"at iteration {loop['assertion']['iteration']} " in proc.stderr
+    # samples.train bounds the run when train_iters and train_samples are not given
+    late = {"data_parallel_size": 4, "micro_batch_size": 2, "step_batch_size_schedule": "0:16 2K:24 10M:12"}
+    assert load_config(str(_config(tmp_path, late, "bounded"))).samples["train"] < 10_000_000 // 128
+    unbounded = _config(tmp_path, late, "unbounded", drop_samples=True)
+    proc = mmfs("build", unbounded)
+    assert proc.returncode == 2 and "should not decrease" in proc.stderr, proc.stderr
+
+
+def _evaluation_config(tmp_path: Path, evaluation: dict) -> Path:
+    # evaluations = train_iters // eval_interval + 1, as Megatron sizes the valid split
+    training = {**evaluation["training"], "eval_iters": evaluation["eval_iters"], "eval_interval": 5,
+                "train_iters": 5 * (evaluation["evaluations"] - 1)}
+    return _config(tmp_path, training, f"eval{id(evaluation)}", drop_samples=True)
+
+
+@pytest.mark.parametrize("evaluation", REFERENCE["evaluations"], ids=lambda e: json.dumps(e["training"]))
+def test_valid_iterations_are_evaluate_steps_of_a_constant_eval_batch(tmp_path, evaluation):
+    config = _evaluation_config(tmp_path, evaluation)
+    t = evaluation["training"]
+    step = t["micro_batch_size"] * t["data_parallel_size"]
+    steps = evaluation["microbatches_per_eval_step"]
+    assert load_config(str(config)).samples["valid"] == evaluation["consumed_valid_samples_after_each_evaluation"][-1]
+    for k, expected in enumerate(steps, start=1):
+        result = which(str(config), k, split="valid")
+        assert result["consumed_samples"] == [expected[0] * step, (expected[-1] + 1) * step]
+        for r in result["ranks"]:
+            assert [b["stream_index"] for b in r["microbatches"]] == expected
+    last = mmfs("which", config, "--split", "valid", "--iteration", len(steps), "--json")  # the last step is served
+    assert last.returncode == 0, last.stderr
+    past = mmfs("which", config, "--split", "valid", "--iteration", len(steps) + 1)
+    assert past.returncode == 2 and "past the end of the valid split" in past.stderr
+    test = which(str(config), evaluation["eval_iters"], split="test")
+    assert test["consumed_samples"][1] == evaluation["consumed_valid_samples_after_each_evaluation"][0]
+
+
+def test_which_consumed_between_iteration_starts_reads_what_a_resumed_job_reads(tmp_path):
+    case = next(c for c in CASES if c.get("step_batch_size_schedule") == "0:8 2560:16 5632:32")
+    config = _config(tmp_path, _training(case))
+    golden = json.loads((PUBLIC / "p2_blend2_u16" / "ranks-single_dp4_mb2.json").read_text())["ranks"]["train"]
+    assert 48 not in case["consumed_before_iteration"]
+    result = json.loads(mmfs("which", config, "--consumed", 48, "--json").stdout)
+    size = case["resumed_batch_size"][48 // 8]
+    assert result["iteration"] is None and result["consumed_samples"] == [48, 48 + size] and size == 32
+    for r in result["ranks"]:
+        assert [[s["sample"] for s in b["samples"]] for b in r["microbatches"]] == \
+            golden[str(r["rank"])][48 // 8:(48 + size) // 8]

@@ -180,3 +180,33 @@ def test_a_tokenizer_file_is_checked_before_it_is_read(tmp_path, kind):
                 "HuggingFaceTokenizer", "--tokenizer-model", bad, timeout=60)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert str(bad) in proc.stderr
+
+
+def test_which_consumed_is_a_job_resumed_there_also_past_64_bits(tmp_path):
+    """--consumed C: Megatron's sampler rebuilt at C (an unsharded cyclic run's ranks
+    drift apart after the first epoch, so there it is not the uninterrupted run's
+    iteration); any C whose epoch torch's manual_seed takes, answered at once."""
+    from mmfs.megatron.rankplan import plan_stream, rank_ids
+
+    for sharding in (False, True):
+        config = _config(tmp_path / str(sharding), "p1_single_u16", {
+            "data_parallel_size": 3, "micro_batch_size": 2, "dataloader_type": "cyclic", "data_sharding": sharding,
+            "global_batch_size": 12})
+        total = len(open_corpus(str(config), progress=False).splits["train"])
+        active = total - total % 6
+        for consumed in (600, 7 * active + 12, (2**64 - 1) * active + 6):
+            result = _which_json(config, "--consumed", consumed)
+            plan = plan_stream(total, 2, 3, consumed, "cyclic", sharding)
+            for r in result["ranks"]:
+                want = rank_ids(plan, r["rank"])
+                for b in r["microbatches"]:
+                    assert [s["sample"] for s in b["samples"]] == want[b["microbatch"]].tolist()
+                    assert b["epoch"] == consumed // active
+        past = mmfs("which", config, "--consumed", 2**64 * active)
+        assert past.returncode == 2 and past.stderr.count("\n") == 1 and "2**64 - 1" in past.stderr, past.stderr
+    far = mmfs("which", config, "--iteration", 10**15)  # sharded: any epoch at once
+    assert far.returncode == 0, far.stderr
+    unsharded = tmp_path / "False" / "p1_single_u16" / "config.yaml"
+    far = mmfs("which", unsharded, "--iteration", 10**15)  # unsharded: walked pass by pass, bounded
+    assert far.returncode == 2 and far.stderr.count("\n") == 1 and "--consumed" not in far.stderr and \
+        "a job resumed there is answered at once" in far.stderr, far.stderr

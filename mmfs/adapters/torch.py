@@ -10,9 +10,10 @@ or another data_parallel_size / micro_batch_size given here) yields that rank fr
 `consumed_samples`, in the order Megatron's training loop reads them (`cyclic`: on
 into later epochs, as cyclic_iter does). Each is megatron-core's batch (the fields
 of Mount.megatron_batch) plus `sample_ids` and `consumed_samples`, the global count
-after the step that reads it. The micro-batches are the files of the mount's
-stream folder for that layout and consumed_samples (`<split>/streams/dp=D,mbs=M,
-from=C/RRR/`, docs/streams.md; for `cyclic`, one folder an epoch), so any layout
+after the step that reads it (and, in a run in phases, each train sample's `phase`).
+The micro-batches are the files of the mount's stream folder for that layout and
+consumed_samples (`<split>/streams/dp=D,mbs=M,from=C/RRR/`, docs/streams.md; for
+`cyclic`, one folder an epoch), so any layout
 and any consumed_samples Megatron would accept work; Megatron's sampler (the
 exact port in mmfs.megatron.samplers) is run here only to refuse, with its own
 words, a consumed_samples it would refuse.

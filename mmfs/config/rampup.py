@@ -17,13 +17,23 @@ the batch size; only where each iteration starts in them does.
   the size of the last entry whose threshold is <= consumed.
 
 The schedule is held as segments (first iteration, first consumed sample, batch
-size), so that any iteration or consumed_samples is found by bisection.
+size), so that any iteration or consumed_samples is found by bisection. A job
+resumed at a consumed_samples value that no iteration of the uninterrupted run
+starts at gets what the calculator gives for that value (`batch_size_at`), which
+may differ from the size of the segment around it.
+
+Megatron checks a size when an iteration reaches it, not when it parses the
+schedule: each iteration's size must be a multiple of micro_batch_size x
+data_parallel_size, and from the second iteration on the number of micro-batches
+must not go down (the training loop asserts "Number of microbatches should not
+decrease"). `check_reached` applies both to the iterations of a run.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 MAX_SEGMENTS = 1_000_000  # batch-size changes held at most (each is 3 ints)
@@ -80,6 +90,8 @@ class BatchSchedule:
     batch_sizes: tuple[int, ...]  # global batch size of every iteration of the segment
     kind: str  # constant | rampup | step
     source: Any = None  # the schedule as configured (for mmfs.json)
+    # consumed_samples -> global batch size, the calculator's own rule
+    size_rule: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
 
     def consumed_before(self, iteration: int) -> int:
         """consumed_samples when iteration (1-based) starts."""
@@ -96,9 +108,12 @@ class BatchSchedule:
         return self.first_iterations[s] + steps, offset
 
     def batch_size_at(self, consumed: int) -> int:
-        """The global batch size of an iteration that starts at `consumed` (what the
-        calculator gives for it)."""
-        return self.batch_sizes[bisect.bisect_right(self.first_consumed, consumed) - 1]
+        """The global batch size of an iteration that starts at `consumed`: what the
+        calculator gives for it (update(consumed)), as a job resumed there reads.
+        Where an iteration of the uninterrupted run starts, that is its size."""
+        if self.size_rule is None:
+            return self.batch_sizes[bisect.bisect_right(self.first_consumed, consumed) - 1]
+        return self.size_rule(consumed)
 
     def describe(self) -> dict[str, Any]:
         """mmfs.json's rule: iteration I >= first_iteration of segment s starts at
@@ -120,6 +135,26 @@ def constant_schedule(global_batch_size: int) -> BatchSchedule:
     return BatchSchedule((1,), (0,), (global_batch_size,), "constant", global_batch_size)
 
 
+def check_reached(schedule: BatchSchedule, step: int, last_iteration: int | None) -> None:
+    """ScheduleError where Megatron's training loop asserts, in iterations 1 ..
+    last_iteration (None: every iteration of an unbounded run): a size that is not
+    a multiple of `step` (micro_batch_size x data_parallel_size), or a size below
+    the one before (checked first, as the loop does; with the earlier size a
+    multiple of step, fewer micro-batches is the same as a smaller size)."""
+    previous = None
+    for first, consumed, size in zip(schedule.first_iterations, schedule.first_consumed, schedule.batch_sizes):
+        if last_iteration is not None and first > last_iteration:
+            return
+        where = f"at iteration {first} (consumed_samples {consumed})"
+        if previous is not None and size < previous:
+            raise ScheduleError(f"the global batch size goes down from {previous} to {size} {where}: Megatron's "
+                                "training loop asserts \"Number of microbatches should not decrease\"")
+        if size % step:
+            raise ScheduleError(f"reaches a global batch size of {size} {where}, not a multiple of "
+                                f"micro_batch_size x data_parallel_size = {step} (Megatron asserts)")
+        previous = size
+
+
 def step_schedule(text: str, seq_length: int) -> BatchSchedule:
     entries = parse_step_schedule(text, seq_length)
     thresholds = [t for t, _ in entries]
@@ -132,7 +167,7 @@ def step_schedule(text: str, seq_length: int) -> BatchSchedule:
         return thresholds[i] if i < len(thresholds) else None
 
     iters, consumed, sizes = _walk(size_at, changes_after)
-    return BatchSchedule(tuple(iters), tuple(consumed), tuple(sizes), "step", text)
+    return BatchSchedule(tuple(iters), tuple(consumed), tuple(sizes), "step", text, size_at)
 
 
 def rampup_schedule(start: int, increment: int, ramp_samples: int, global_batch_size: int) -> BatchSchedule:
@@ -175,7 +210,7 @@ def rampup_schedule(start: int, increment: int, ramp_samples: int, global_batch_
 
     iters, consumed, sizes = _walk(size_at, changes_after)
     return BatchSchedule(tuple(iters), tuple(consumed), tuple(sizes), "rampup",
-                         [start, increment, ramp_samples])
+                         [start, increment, ramp_samples], size_at)
 
 
 def _walk(size_at, changes_after) -> tuple[list[int], list[int], list[int]]:

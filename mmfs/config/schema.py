@@ -249,8 +249,9 @@ def load_config(path: str) -> Config:
     else:
         blend_per_split = {s: b and with_texts(b, tokenizer, text_folder, checker, f"blend_per_split.{s}")
                            for s, b in blend_per_split.items()}
-    training = with_schedule(parse_training(raw.get("training"), checker), sequence_length, checker)
     given = _parse_samples(raw.get("samples"), checker)
+    training = with_schedule(parse_training(raw.get("training"), checker), sequence_length, given.get("train"),
+                             checker)
     samples = samples_with_training(given, training, checker)
     sample_keys = {} if training is None else \
         {s: training.derived_from(s) for s in SPLITS if given.get(s) is None and samples[s] is not None}

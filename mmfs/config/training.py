@@ -10,6 +10,7 @@ from mmfs.config.checker import Checker
 from mmfs.config.rampup import (
     BatchSchedule,
     ScheduleError,
+    check_reached,
     constant_schedule,
     rampup_schedule,
     step_schedule,
@@ -44,18 +45,39 @@ class TrainingConfig:
     train_samples: int | None = None
     schedule: BatchSchedule | None = None  # global batch size by iteration (set by load_config)
 
+    def eval_global_batch_size(self) -> int:
+        """The global batch of every evaluation step (Megatron's evaluate(): its
+        eval_global_batch_size, by default args.global_batch_size, which is
+        micro_batch_size x data_parallel_size when not given, as with a step
+        schedule; a ramp-up evaluates at its final size)."""
+        return self.global_batch_size or self.micro_batch_size * self.data_parallel_size
+
+    def split_schedule(self, split: str) -> BatchSchedule | None:
+        """The batches `split` is read in: training follows the schedule; valid and
+        test read a constant eval_global_batch_size per evaluation step."""
+        if split == "train" or self.schedule is None:
+            return self.schedule
+        return constant_schedule(self.eval_global_batch_size())
+
+    def run_iterations(self, train_samples: int | None = None) -> int | None:
+        """The iterations of the run: train_iters, else those of training.train_samples
+        (or of `train_samples`, the train split's configured count, when neither is
+        given); None when nothing bounds the run."""
+        if self.train_iters is not None:
+            return self.train_iters
+        samples = self.train_samples if self.train_samples is not None else train_samples
+        if samples is None or self.schedule is None:
+            return None
+        return train_iters_from_samples(self.schedule, samples,
+                                        None if self.rampup_batch_size is None else self.rampup_batch_size[2])
+
     def derived_samples(self) -> dict[str, int] | None:
         """Sample counts per split as Megatron derives them from train_iters or
         train_samples (get_train_valid_test_num_samples), or None without either."""
         if self.train_iters is None and self.train_samples is None:
             return None
-        # Megatron's args.global_batch_size: mbs x dp when not given (always so with a
-        # step schedule, which refuses --global-batch-size).
-        gbs = self.global_batch_size or self.micro_batch_size * self.data_parallel_size
-        iters = self.train_iters
-        if iters is None:
-            iters = train_iters_from_samples(self.schedule, self.train_samples,
-                                             None if self.rampup_batch_size is None else self.rampup_batch_size[2])
+        gbs = self.eval_global_batch_size()
+        iters = self.run_iterations()
         eval_iters = MEGATRON_EVAL_ITERS if self.eval_iters is None else self.eval_iters
         return {
             "train": self.train_samples if self.train_samples is not None else iters * gbs,
@@ -204,10 +226,13 @@ def _parse_schedule_keys(value: dict, gbs: int | None, checker: Checker) -> dict
     return out
 
 
-def with_schedule(training: TrainingConfig | None, sequence_length: int,
+def with_schedule(training: TrainingConfig | None, sequence_length: int, train_samples: int | None,
                   checker: Checker) -> TrainingConfig | None:
-    """`training` with its BatchSchedule; every batch size the run reaches must be a
-    multiple of micro_batch_size x data_parallel_size (Megatron asserts it)."""
+    """`training` with its BatchSchedule. Every batch size the run reaches must be a
+    multiple of micro_batch_size x data_parallel_size and not below the one before
+    (Megatron asserts both when an iteration reaches the size); the run is
+    train_iters, train_samples, else the `samples.train` count (`train_samples`),
+    else unbounded."""
     if training is None:
         return None
     t = training
@@ -224,11 +249,8 @@ def with_schedule(training: TrainingConfig | None, sequence_length: int,
             schedule = constant_schedule(t.global_batch_size)
         else:
             return t
+        t = replace(t, schedule=schedule)
+        check_reached(schedule, t.micro_batch_size * t.data_parallel_size, t.run_iterations(train_samples))
     except ScheduleError as exc:
         raise checker.fail(key, str(exc)) from None
-    step = t.micro_batch_size * t.data_parallel_size
-    for size in schedule.batch_sizes:
-        if size % step:
-            raise checker.fail(key, f"reaches a global batch size of {size}, not a multiple of "
-                                    f"micro_batch_size x data_parallel_size = {step} (Megatron asserts)")
-    return replace(t, schedule=schedule)
+    return t

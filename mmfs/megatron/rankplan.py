@@ -142,6 +142,11 @@ def native_plan(plan: RankPlan, placer: ArrayPlacer | None = None):
     return c
 
 
+# torch.Generator.manual_seed takes seeds up to 2**64 - 1 (and keeps their low 32
+# bits for its MT19937, as randperm does here): the last epoch a cyclic sampler has.
+MAX_TORCH_SEED = 2**64 - 1
+
+
 def plan_stream(total: int, micro_batch_size: int, data_parallel_size: int, consumed: int,
                 dataloader_type: str = "single", data_sharding: bool = True) -> RankPlan:
     """The pass Megatron's sampler makes when it is built with this layout and
@@ -163,6 +168,9 @@ def plan_stream(total: int, micro_batch_size: int, data_parallel_size: int, cons
         raise SamplerError(f"the cyclic sampler over {total} samples needs at least micro_batch_size x "
                            f"data_parallel_size = {group} (Megatron divides by zero)")
     epoch, offset = divmod(consumed, active)
+    if epoch > MAX_TORCH_SEED:
+        raise SamplerError(f"consumed_samples {consumed} is in epoch {epoch}: Megatron's cyclic sampler seeds "
+                           f"torch's generator with the epoch, which takes at most 2**64 - 1 (torch raises)")
     if offset % group:
         raise SamplerError(f"consumed_samples {consumed} is {offset} into its epoch, not a multiple of "
                            f"micro_batch_size x data_parallel_size = {group} (Megatron's cyclic sampler asserts)")
@@ -210,6 +218,41 @@ def rank_ids(plan: RankPlan, rank: int, first: int = 0, count: int | None = None
 # -- any micro-batch of an uninterrupted run -------------------------------------
 
 
+MAX_WALKED_PASSES = 1_000_000  # an unsharded cyclic run's passes walked to find a micro-batch
+
+
+def _check_epoch(epoch: int) -> None:
+    if epoch > MAX_TORCH_SEED:
+        raise SamplerError(f"epoch {epoch}: Megatron's cyclic sampler seeds torch's generator with the epoch, "
+                           "which takes at most 2**64 - 1 (torch raises)")
+
+
+def resumed_microbatch(total: int, micro_batch_size: int, data_parallel_size: int, consumed: int,
+                       dataloader_type: str, data_sharding: bool, rank: int, k: int,
+                       plans: dict | None = None) -> tuple[np.ndarray, int] | None:
+    """(ids, epoch) of the k-th micro-batch (0-based) `rank` reads in a job resumed at
+    consumed_samples `consumed`: Megatron's sampler rebuilt there, and for cyclic its
+    next passes, each from the rank's own count (as cyclic_iter iterates it again);
+    None where the single sampler's pass has ended. SamplerError where Megatron's
+    sampler refuses `consumed`. plans: the passes made so far, by consumed_samples
+    (a caller asking for several micro-batches keeps one dict)."""
+    plans = {} if plans is None else plans
+    while True:
+        plan = plans.get(consumed)
+        if plan is None:
+            plan = plans[consumed] = plan_stream(total, micro_batch_size, data_parallel_size, consumed,
+                                                 dataloader_type, data_sharding)
+        files = plan.files_of(rank)
+        if k < files:
+            return rank_ids(plan, rank, k, 1)[0], plan.epoch
+        if plan.kind == "single":
+            return None
+        if files == 0:
+            raise SamplerError(f"rank {rank}'s pass from consumed_samples {consumed} yields no micro-batch")
+        k -= files
+        consumed += files * plan.samples_per_step
+
+
 def stream_microbatch(plan: RankPlan, rank: int, n: int) -> tuple[np.ndarray, int] | None:
     """(ids, epoch) of the n-th micro-batch (0-based) `rank` reads in a run started
     at consumed_samples 0, as the training loop iterates; None where Megatron's
@@ -225,8 +268,13 @@ def stream_microbatch(plan: RankPlan, rank: int, n: int) -> tuple[np.ndarray, in
     active = plan.files_per_rank * group
     if plan.kind == "sharded":  # every pass is a whole epoch of files_per_rank
         epoch, j = divmod(n, plan.files_per_rank)
+        _check_epoch(epoch)
         perm = epoch_permutation(plan.bucket_size, epoch)
         return rank * plan.bucket_size + perm[j * mbs:(j + 1) * mbs], epoch
+    if n // plan.files_per_rank > MAX_WALKED_PASSES:
+        raise SamplerError(f"micro-batch {n} of rank {rank} is some {n // plan.files_per_rank:,} passes in: an "
+                           f"unsharded cyclic run is walked pass by pass, at most {MAX_WALKED_PASSES:,} (a job "
+                           "resumed there is answered at once: its sampler is rebuilt at that consumed_samples)")
     consumed, remaining = 0, n
     while True:  # unsharded: passes may end off the epoch boundary (see the module doc)
         epoch, offset = divmod(consumed, active)
@@ -237,3 +285,29 @@ def stream_microbatch(plan: RankPlan, rank: int, n: int) -> tuple[np.ndarray, in
             return perm[offset + (remaining * mbs + m) * dp + rank], epoch
         remaining -= count
         consumed += count * group
+
+
+# -- a whole pass at once -------------------------------------------------------
+
+
+def stream_order(plan: RankPlan) -> np.ndarray:
+    """Sample ids (int64) of the plan's files in the order the job consumes them:
+    micro-step j (every rank's file j), rank r, sample m at position
+    (j * dp + r) * mbs + m, so that global batch [c, c + B) of the stream is
+    positions [c, c + B) and position p is read by rank (p // mbs) % dp. The same
+    ids as microbatch_ids(plan, r, j), for every file of every rank at once."""
+    mbs, dp, files = plan.micro_batch_size, plan.data_parallel_size, plan.files_per_rank
+    n = files * mbs * dp
+    if plan.kind == "single":
+        return np.arange(plan.start, plan.start + n, dtype=np.int64)
+    perm = np.asarray(plan.permutation, dtype=np.int64)
+    if plan.kind == "sharded":  # rank r reads r * bucket + perm[start + j * mbs + m]
+        own = perm[plan.start:plan.start + files * mbs].reshape(files, 1, mbs)
+        return (own + (np.arange(dp, dtype=np.int64) * plan.bucket_size).reshape(1, dp, 1)).reshape(n)
+    # unsharded: rank r reads perm[start + (j * mbs + m) * dp + r]
+    return perm[plan.start:plan.start + n].reshape(files, mbs, dp).transpose(0, 2, 1).reshape(n)
+
+
+def rank_of_position(positions: np.ndarray, micro_batch_size: int, data_parallel_size: int) -> np.ndarray:
+    """The data-parallel rank that reads each position of stream_order."""
+    return (positions // micro_batch_size) % data_parallel_size

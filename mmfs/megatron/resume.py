@@ -58,11 +58,18 @@ def _pass_ids(total: int, s: Sampling, consumed: int) -> tuple[list[np.ndarray],
     return [rank_ids(plan, r) for r in range(s.data_parallel_size)], plan.epoch
 
 
+MAX_PASSES = 1000  # a cyclic job's passes walked (each makes its epoch's permutation)
+
+
 def job_reads(total: int, s: Sampling, steps: int) -> tuple[np.ndarray, np.ndarray]:
     """(ids, epochs): every id the ranks read in their first `steps` micro-batches
     from consumed_samples 0, and the epoch each was read in (each rank iterates its
     sampler again when a pass ends, from its own count, as cyclic_iter does)."""
     ids, epochs = [], []
+    active = total - total % s.group
+    if s.dataloader_type == "cyclic" and active and steps * s.group // active > MAX_PASSES:
+        raise SamplerError(f"consumed_samples {steps * s.group} is {steps * s.group // active:,} epochs in: the old "
+                           f"job's passes are walked one by one, at most {MAX_PASSES:,}")
     for rank in range(s.data_parallel_size):
         consumed, left = 0, steps
         while left > 0:

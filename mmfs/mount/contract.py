@@ -13,6 +13,7 @@ import re
 # -- paths ------------------------------------------------------------------------
 
 MANIFEST = "mmfs.json"
+REPORT = "report.html"  # `mmfs report`'s page of the mounted config
 SAMPLES = "samples"
 RANKS = "ranks"
 STREAMS = "streams"
@@ -37,10 +38,13 @@ def streams_dir(split: str) -> str:
 
 
 # A stream layout folder's name, the one spelling (docs/streams.md): decimal
-# numbers without leading zeros, the optional parts in this order.
+# numbers without leading zeros, the optional parts in this order. from= may be
+# longer than 64 bits: Megatron's cyclic sampler takes any consumed_samples whose
+# epoch torch's manual_seed accepts (rankplan.plan_stream checks that).
 _NUMBER = r"(0|[1-9][0-9]{0,18})"
+_CONSUMED = r"(0|[1-9][0-9]{0,99})"
 STREAM_NAME = re.compile(
-    rf"dp=(?P<dp>{_NUMBER}),mbs=(?P<mbs>{_NUMBER}),from=(?P<consumed>{_NUMBER})"
+    rf"dp=(?P<dp>{_NUMBER}),mbs=(?P<mbs>{_NUMBER}),from=(?P<consumed>{_CONSUMED})"
     r"(?:,sampler=(?P<sampler>single|cyclic))?(?:,sharding=(?P<sharding>true|false))?"
 )
 STREAM_NAME_HELP = "dp=<D>,mbs=<M>,from=<C>[,sampler=single|cyclic][,sharding=true|false]"

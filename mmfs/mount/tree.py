@@ -11,7 +11,7 @@ The directories of generated files are the registered views (declared in
 mmfs/mount/declarations.py, served through mmfs/mount/views.py):
 their files are found, sized and read through the registry, by the same C
 code that serves them under FUSE. The tree adds the directories above them,
-mmfs.json and the symlinks.
+mmfs.json, report.html (made on first use: mmfs/mount/report_file.py) and the symlinks.
 """
 
 from __future__ import annotations
@@ -25,9 +25,20 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mmfs.mount.contract import DOCUMENTS, MANIFEST, SAMPLES, SEQUENCES, STREAMS, dataset_dir, sample_dir, streams_dir
+from mmfs.mount.contract import (
+    DOCUMENTS,
+    MANIFEST,
+    REPORT,
+    SAMPLES,
+    SEQUENCES,
+    STREAMS,
+    dataset_dir,
+    sample_dir,
+    streams_dir,
+)
 from mmfs.mount.declarations import declare_views
 from mmfs.mount.manifest import manifest
+from mmfs.mount.report_file import MadeFile, report_page
 from mmfs.mount.streams import Streams
 from mmfs.mount.views import Registry, View
 from mmfs.native import lib
@@ -80,7 +91,7 @@ class Generated(NamedTuple):
     registry: Registry | None = None
 
 
-Node = Dir | Blob | Link | Generated
+Node = Dir | Blob | MadeFile | Link | Generated
 
 
 def _mtime_ns(paths: list[str]) -> int:
@@ -144,6 +155,8 @@ class Tree:
         self.root.entries[MANIFEST] = Blob(
             (json.dumps(self.info, indent=2, default=_json_default) + "\n").encode(), t
         )
+        config_path = self.info["config_path"]
+        self.root.entries[REPORT] = MadeFile(lambda: report_page(config_path), t)
         self.streams = Streams(corpus, t)
         for split in self.splits:
             self._dirs[f"/{split}"].entries[STREAMS] = self._dirs[streams_dir(split)] = Dir(t)
@@ -198,7 +211,7 @@ class Tree:
         if isinstance(node, Dir):
             subdirs = sum(isinstance(c, Dir) for c in node.entries.values())
             return Attr(DIR_MODE, 2 + subdirs, 0, node.mtime_ns)
-        if isinstance(node, Blob):
+        if isinstance(node, (Blob, MadeFile)):
             return Attr(FILE_MODE, 1, len(node.data), node.mtime_ns)
         return Attr(LINK_MODE, 1, len(node.target), node.mtime_ns)
 
@@ -224,7 +237,7 @@ class Tree:
             return b""
         if isinstance(node, Generated):
             return (node.registry or self.registry).read(node.view, node.index, offset, size)
-        if isinstance(node, Blob):
+        if isinstance(node, (Blob, MadeFile)):
             return node.data[offset : offset + size]
         raise IsADirectoryError(str(node))
 

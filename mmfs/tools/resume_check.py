@@ -1,6 +1,13 @@
 """`mmfs resume-check CONFIG --consumed C --to dp=D,mbs=M[,sampler=...][,sharding=...]`:
 does a job that ran with the config's `training:` layout up to consumed_samples C,
 resumed on the new layout, read every sample exactly once (mmfs.megatron.resume)?
+In a run in phases the report names the phase the job resumes in and the phases
+of the samples repeated or skipped.
+
+`--to-config NEW` (with or without --to): the job resumes with another config, as
+when a phase is added or changed at the resume point (mmfs.megatron.phaseresume):
+are the new config's samples before C the ones the job trained on, and does it
+serve again what the job already trained on?
 Exit 0 if so, 1 if not, 2 on a user error."""
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from typing import Any
 
 from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
+from mmfs.megatron.phaseresume import PhaseResume, compare
 from mmfs.megatron.resume import ResumeReport, Sampling, check_resume
 from mmfs.megatron.samplers import SamplerError
 from mmfs.mount.streams import parse_layout
@@ -58,10 +66,83 @@ def describe(report: ResumeReport, split: str, old: Sampling, new: Sampling, con
     return "\n".join(lines)
 
 
+def _by_phase(phases: Any, ids: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i in ids.tolist():
+        k = str(phases.phase_of(i))
+        out[k] = out.get(k, 0) + 1
+    return out
+
+
+def _phase_facts(phases: Any, report: ResumeReport, consumed: int) -> dict[str, Any]:
+    k = phases.phase_of(consumed)
+    start, end = phases.bounds()[k]
+    return {"phase_at_resume": k, "phase_at_resume_samples": [start, end],
+            "repeated_by_phase": _by_phase(phases, report.repeated),
+            "skipped_by_phase": _by_phase(phases, report.skipped)}
+
+
+def _describe_phases(facts: dict[str, Any]) -> str:
+    start, end = facts["phase_at_resume_samples"]
+    line = f"resumes in phase {facts['phase_at_resume']} (samples {start}..{end})"
+    for what in ("repeated", "skipped"):
+        counts = facts[f"{what}_by_phase"]
+        if counts:
+            line += f"; {what} by phase: " + ", ".join(f"phase {k}: {n}" for k, n in sorted(counts.items()))
+    return line
+
+
+def _to_config(args: Any, corpus: Any) -> PhaseResume:
+    new = open_corpus(args.to_config, progress=False)
+    old_c, new_c = corpus.config, new.config
+    if (old_c.sequence_length, old_c.add_extra_token) != (new_c.sequence_length, new_c.add_extra_token):
+        raise ResumeCheckError(f"--to-config {args.to_config}: sequence_length {new_c.sequence_length} is not the "
+                               f"old config's {old_c.sequence_length}: the samples cannot be compared")
+    old_run, new_run = corpus.splits.get("train"), new.splits.get("train")
+    for name, reader in ((args.config, old_run), (args.to_config, new_run)):
+        if reader is None or len(reader) < args.consumed:
+            raise ResumeCheckError(f"--consumed {args.consumed}: {name} has "
+                                   f"{0 if reader is None else len(reader)} train samples, fewer than the job consumed")
+    return compare(old_run, new_run, old_c.phases, new_c.phases, args.consumed)
+
+
+def _resumed_json(r: PhaseResume) -> dict[str, Any]:
+    return {"same_before_resume": r.same_before_resume, "first_difference": r.first_difference,
+            "changed_phases": r.changed_phases, "served_again": r.served_again,
+            "served_again_uninterrupted": r.served_again_uninterrupted}
+
+
+def _describe_to_config(args: Any, r: PhaseResume, phases: Any) -> str:
+    def phase(i: int) -> str:
+        return "" if phases is None else f" (phase {phases.phase_of(i)} of the new config)"
+
+    lines = [f"{args.config} up to consumed_samples {r.consumed}, then {args.to_config}: "
+             + ("changed phases: " + ", ".join(map(str, r.changed_phases)) if r.changed_phases
+                else "no phase changed")]
+    if r.same_before_resume:
+        lines.append(f"samples before {r.consumed}: the same in both configs")
+    else:
+        lines.append(f"samples before {r.consumed}: the new config first differs at sample {r.first_difference}"
+                     f"{phase(r.first_difference)}: it rewrites what the job already trained on")
+    lines.append(f"served again from {r.consumed} on: {r.served_again} samples the job trained on "
+                 f"(the new config run from the start: {r.served_again_uninterrupted})")
+    return "\n".join(lines)
+
+
 def resume_check_command(args: Any) -> int:
     if args.consumed < 0:
         raise ResumeCheckError(f"--consumed {args.consumed}: consumed_samples cannot be negative")
+    if args.to is None and args.to_config is None:
+        raise ResumeCheckError("give --to LAYOUT (a new data-parallel layout), --to-config NEW_CONFIG "
+                               "(a changed or added phase), or both")
     corpus = open_corpus(args.config, progress=False)
+    if args.to is None:
+        resumed = _to_config(args, corpus)
+        if args.json:
+            print(json.dumps({"exactly_once": resumed.exactly_once, "phases": _resumed_json(resumed)}))
+        else:
+            print(_describe_to_config(args, resumed, corpus.config.phases))
+        return 0 if resumed.exactly_once else 1
     t = corpus.config.training
     if t is None:
         raise ConfigError(f"{args.config}: training: missing: resume-check needs the layout the job ran with "
@@ -74,12 +155,21 @@ def resume_check_command(args: Any) -> int:
         report = check_resume(len(corpus.splits[args.split]), old, args.consumed, new)
     except SamplerError as exc:
         raise ResumeCheckError(f"--consumed {args.consumed} --to {args.to}: {exc}") from None
+    phases = corpus.config.phases if args.split == "train" else None
+    facts = {} if phases is None else _phase_facts(phases, report, args.consumed)
+    resumed = None if args.to_config is None else _to_config(args, corpus)
     if args.json:
-        print(json.dumps({"exactly_once": report.exactly_once, "epoch": report.epoch, "expected": report.expected,
+        print(json.dumps({"exactly_once": report.exactly_once and (resumed is None or resumed.exactly_once),
+                          "epoch": report.epoch, "expected": report.expected,
                           "read_before": report.read_before, "read_after": report.read_after,
                           "repeated": report.repeated.size, "skipped": report.skipped.size,
                           "first_repeated": report.repeated[:SHOWN].tolist(),
-                          "first_skipped": report.skipped[:SHOWN].tolist()}))
+                          "first_skipped": report.skipped[:SHOWN].tolist(), **facts,
+                          **({} if resumed is None else {"phases": _resumed_json(resumed)})}))
     else:
         print(describe(report, args.split, old, new, args.consumed))
-    return 0 if report.exactly_once else 1
+        if facts:
+            print(_describe_phases(facts))
+        if resumed is not None:
+            print(_describe_to_config(args, resumed, corpus.config.phases))
+    return 0 if report.exactly_once and (resumed is None or resumed.exactly_once) else 1

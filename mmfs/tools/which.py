@@ -8,7 +8,23 @@ block's batch-size schedule (constant: c = (I-1) * global_batch_size); that is
 micro-batches c / (micro_batch_size * data_parallel_size) onwards of every rank,
 B / (micro_batch_size * data_parallel_size) of them. The stream is the one of an
 uninterrupted run from consumed_samples 0 (rankplan.stream_microbatch), so it runs
-on into later epochs of a cyclic sampler."""
+on into later epochs of a cyclic sampler.
+
+For valid and test the iteration is an evaluation step, counted from 1 over all of
+the run's evaluations (the valid iterator goes on from one evaluation to the
+next): Megatron's evaluate() reads a constant eval global batch per step
+(TrainingConfig.eval_global_batch_size), whatever the training schedule.
+
+In a run in phases (config `phases:`, docs/phases.md) the answer names the phase
+of the batch and of each train sample: the phase whose samples
+[start_sample, end_sample) of the run hold it.
+
+--consumed C gives the global batch a job resumed at consumed_samples C reads: C
+onwards, of the size the calculator gives for C (which under a schedule may
+differ from the size of the uninterrupted run's iteration around C), from
+Megatron's sampler rebuilt at C (rankplan.resumed_microbatch: the same samples as
+the uninterrupted run's except for an unsharded cyclic sampler after its first
+epoch, whose ranks drift apart in an uninterrupted run; see rankplan's doc)."""
 
 from __future__ import annotations
 
@@ -20,7 +36,8 @@ import numpy as np
 
 from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
-from mmfs.megatron.rankplan import plan_ranks, stream_microbatch
+from mmfs.megatron.rankplan import plan_ranks, resumed_microbatch, stream_microbatch
+from mmfs.megatron.samplers import SamplerError
 from mmfs.mount.contract import MANIFEST, file_name, name_width, rank_dir, rank_name_width
 from mmfs.text.tokenizer import BYTE_EOD, BYTE_LEVEL, HUGGING_FACE, TokenizerSpec
 
@@ -56,18 +73,25 @@ def which(target: str, iteration: int | None, split: str = "train", rank: int | 
     """What `mmfs which` prints, as a dict. decode(tokens) -> str adds each piece's text.
     Give the iteration, or the consumed_samples at which a global batch starts."""
     config_path = resolve_config(target)
-    corpus = open_corpus(config_path, progress=False)
+    return which_in(open_corpus(config_path, progress=False), iteration, split, rank, microbatch, decode, consumed)
+
+
+def which_in(corpus, iteration: int | None, split: str = "train", rank: int | None = None,
+             microbatch: int | None = None, decode=None, consumed: int | None = None) -> dict[str, Any]:
+    """which() of an opened corpus (mmfs.megatron.Corpus)."""
+    config_path = str(corpus.config_path)
     t = corpus.config.training
     if t is None:
         raise ConfigError(f"{config_path}: training: missing: mmfs which needs the block "
                           "(data_parallel_size, micro_batch_size, global_batch_size)")
-    if t.schedule is None:
+    schedule = t.split_schedule(split)
+    if schedule is None:
         raise ConfigError(f"{config_path}: training.global_batch_size: missing: an iteration reads one global "
                           "batch, so mmfs which needs its size (or a step_batch_size_schedule)")
     if split not in corpus.splits:
         raise WhichError(f"{config_path}: the {split} split has no samples (splits: {', '.join(corpus.splits)})")
     mbs, dp = t.micro_batch_size, t.data_parallel_size
-    start, batch_size, iteration = _global_batch(t.schedule, iteration, consumed, mbs * dp)
+    start, batch_size, iteration = _global_batch(schedule, iteration, consumed, mbs * dp)
     per_iteration = batch_size // (mbs * dp)
     ranks = range(dp) if rank is None else [rank]
     if rank is not None and not 0 <= rank < dp:
@@ -78,17 +102,28 @@ def which(target: str, iteration: int | None, split: str = "train", rank: int | 
     reader = corpus.splits[split]
     plan = plan_ranks(len(reader), mbs, dp, t.dataloader_type, t.data_sharding)
     datasets = {d.name: d.dataset for d in corpus.datasets}
+    phases = corpus.config.phases if split == "train" else None
     out: dict[str, Any] = {
         "config": config_path, "split": split, "iteration": iteration,
         "consumed_samples": [start, start + batch_size], "global_batch_size": batch_size,
         "sampler": plan.kind, "data_parallel_size": dp, "micro_batch_size": mbs,
-        "microbatches_per_iteration": per_iteration, "ranks": [],
+        "microbatches_per_iteration": per_iteration,
+        **({} if phases is None else {"phases": _phases_of(phases, start, start + batch_size)}),
+        "ranks": [],
     }
+    passes: dict = {}  # a resumed job's sampler passes, by consumed_samples
     for r in ranks:
         batches = []
         for k in micro:
             n = start // (mbs * dp) + k
-            found = stream_microbatch(plan, r, n) if plan.files_per_rank else None
+            try:
+                if consumed is not None:  # a job resumed at C: Megatron's sampler rebuilt there
+                    found = resumed_microbatch(len(reader), mbs, dp, start, t.dataloader_type, t.data_sharding, r, k,
+                                               passes)
+                else:
+                    found = stream_microbatch(plan, r, n) if plan.files_per_rank else None
+            except SamplerError as exc:
+                raise WhichError(f"{split}: {exc}") from None
             if found is None:
                 raise WhichError(
                     f"{split}: consumed_samples {start} is past the end of the {split} split for the {plan.kind} "
@@ -100,7 +135,7 @@ def which(target: str, iteration: int | None, split: str = "train", rank: int | 
                 "microbatch": k, "stream_index": n, "epoch": epoch,
                 "file": f"{rank_dir(split, r, rank_name_width(dp)).lstrip('/')}/"
                 f"{file_name(n, name_width(plan.files_per_rank))}" if n < plan.files_per_rank else None,
-                "samples": [_sample(reader, datasets, int(i), decode) for i in ids],
+                "samples": [_sample(reader, datasets, int(i), decode, phases) for i in ids],
             })
         out["ranks"].append({"rank": r, "microbatches": batches})
     return out
@@ -123,7 +158,17 @@ def _global_batch(schedule, iteration: int | None, consumed: int | None,
     return consumed, schedule.batch_size_at(consumed), at if offset == 0 else None
 
 
-def _sample(reader, datasets: dict, i: int, decode) -> dict[str, Any]:
+def _phases_of(phases, first: int, end: int) -> list[dict[str, Any]]:
+    """The phases of the run's samples [first, end) (one, since phases start where a
+    global batch of the run starts, unless a resumed job's batch crosses a start)."""
+    hit = range(phases.phase_of(first), phases.phase_of(end - 1) + 1)
+    bounds = phases.bounds()
+    return [{"phase": k, "start_iteration": phases.phases[k].start_iteration,
+             "start_sample": bounds[k][0], "end_sample": bounds[k][1], "phase_mode": phases.mode,
+             "datasets": {d.name: d.weight for d in phases.phases[k].blend.datasets}} for k in hit]
+
+
+def _sample(reader, datasets: dict, i: int, decode, phases=None) -> dict[str, Any]:
     name, pieces = reader.provenance(i)
     dataset = datasets[name]
     start = 0
@@ -135,7 +180,10 @@ def _sample(reader, datasets: dict, i: int, decode) -> dict[str, Any]:
             row["text"] = decode(dataset.get(seq, offset, length))
         rows.append(row)
         start += length
-    return {"sample": i, "dataset": name, "pieces": rows}
+    out = {"sample": i, "dataset": name, "pieces": rows}
+    if phases is not None:
+        out["phase"] = phases.phase_of(i)
+    return out
 
 
 # -- decoding --------------------------------------------------------------------------
@@ -168,6 +216,11 @@ def _print_text(result: dict[str, Any]) -> None:
           f"(consumed_samples {lo}..{hi}, global batch {hi - lo}), {result['sampler']} sampler, data_parallel_size "
           f"{result['data_parallel_size']}, micro_batch_size {result['micro_batch_size']}, "
           f"{result['microbatches_per_iteration']} micro-batch(es) per rank")
+    for p in result.get("phases", ()):
+        start = "" if p["start_iteration"] is None else f"from iteration {p['start_iteration'] + 1}, "
+        weights = ", ".join(f"{name} {w:g}" for name, w in p["datasets"].items())
+        print(f"phase {p['phase']} ({start}samples {p['start_sample']}..{p['end_sample']}, "
+              f"{p['phase_mode']}): {weights}")
     for r in result["ranks"]:
         for b in r["microbatches"]:
             where = f", epoch {b['epoch']}" if b["epoch"] else ""
@@ -175,7 +228,8 @@ def _print_text(result: dict[str, Any]) -> None:
             print(f"rank {r['rank']} micro-batch {b['microbatch']} (the rank's micro-batch "
                   f"{b['stream_index']}{where}{file}):")
             for s in b["samples"]:
-                print(f"  sample {s['sample']}  dataset {s['dataset']}")
+                phase = f"  phase {s['phase']}" if "phase" in s else ""
+                print(f"  sample {s['sample']}  dataset {s['dataset']}{phase}")
                 for p in s["pieces"]:
                     a, z = p["sample_tokens"]
                     so, sz = p["sequence_tokens"]

@@ -1,0 +1,50 @@
+"""MOUNT/report.html: made on first use by `mmfs report`, kept, sized and dated as
+the mount's other files; a page that says how to install the extra when it is missing."""
+
+import os
+import subprocess
+import sys
+
+import yaml
+
+from golden_cases import write_case_config
+from mmfs.cli import main
+from mmfs.mount.report_file import report_page
+from mount_fixtures import mounted
+
+
+def _config(tmp_path):
+    path = write_case_config("p2_blend2_u16", tmp_path)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["training"] = {"data_parallel_size": 2, "micro_batch_size": 2, "global_batch_size": 8}
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_mount_serves_the_report(tmp_path):
+    config = _config(tmp_path)
+    assert main(["-q", "report", str(config), "-o", str(tmp_path / "cli.html")]) == 0
+    with mounted(config, tmp_path / "mnt") as m:
+        assert "report.html" in os.listdir(m.path)
+        page = m.file("report.html")
+        st = os.stat(page)
+        data = page.read_bytes()
+        assert st.st_size == len(data)
+        assert data == (tmp_path / "cli.html").read_bytes()
+        assert st.st_mtime_ns == os.stat(m.file("mmfs.json")).st_mtime_ns
+        assert os.stat(page).st_size == st.st_size and page.read_bytes() == data  # kept
+        assert main(["-q", "report", str(m.path), "-o", str(tmp_path / "of-mount.html")]) == 0  # MOUNT as target
+        assert (tmp_path / "of-mount.html").read_bytes() == data
+
+
+def test_report_page_says_how_to_install_the_extra(tmp_path, monkeypatch):
+    shadow = tmp_path / "shadow" / "altair"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'altair'\", name='altair')\n")
+    monkeypatch.setenv("PYTHONPATH", str(shadow.parent))
+    config = str(_config(tmp_path))
+    page = report_page(config).decode()
+    assert "pip install &#x27;mmfs[report]&#x27;" in page and "altair is missing" in page
+    done = subprocess.run([sys.executable, "-m", "mmfs.cli", "report", config, "-o", str(tmp_path / "r.html")],
+                          capture_output=True, text=True)  # the command: one line, exit 2
+    assert (done.returncode, done.stderr.count("\n")) == (2, 1) and "pip install 'mmfs[report]'" in done.stderr
