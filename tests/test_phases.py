@@ -45,6 +45,28 @@ TWO_PHASES = [
 THREE_PHASES = TWO_PHASES + [{"start_iteration": 22, "datasets": [ds("u16_small", 1.0), ds("u16_docs", 3.0)]}]
 
 
+def slow_served_before(reader) -> list[int]:
+    """served_before, walking sample by sample: a sample repeats when its dataset file
+    and its pieces (sequence, offset, length) were served earlier in the run."""
+    seen: set = set()
+    out = []
+    for s in reader.indices.slices:
+        again = 0
+        for i in range(s.start, s.end):
+            gpt, k = reader.locate(i)
+            key = (gpt.gpt.spec.file, tuple(gpt.pieces(k)))
+            again += key in seen
+            seen.add(key)
+        out.append(again)
+    return out
+
+
+def served(reader) -> list[int]:
+    fast = served_before(reader)
+    assert fast == slow_served_before(reader)
+    return fast
+
+
 def samples(reader, start: int, end: int) -> list[bytes]:
     return [reader.read(i) for i in range(start, end)]
 
@@ -90,7 +112,7 @@ def test_continue_later_phases_follow_the_reference_rule(tmp_path):
     # each dataset goes on from where it stood: u16_docs's samples in phase 1 follow phase 0's
     docs = [k for g, k in got if train.gpts[g].spec.name == "u16_docs"]
     assert docs == list(range(len(docs)))
-    assert served_before(run.splits["train"]) == [0, 0, 0]
+    assert served(run.splits["train"]) == [0, 0, 0]
 
 
 def test_a_used_up_dataset_starts_its_next_pass(tmp_path):
@@ -111,7 +133,7 @@ def test_a_used_up_dataset_starts_its_next_pass(tmp_path):
     again = open_corpus(path, progress=False).indices["train"]  # the next pass is cached too
     assert again.blend.from_cache and np.array_equal(again.blend.dataset_sample_index,
                                                      train.blend.dataset_sample_index)
-    assert served_before(run.splits["train"]) == [0, len(ids) - first]
+    assert served(run.splits["train"]) == [0, len(ids) - first]
 
 
 @st.composite
@@ -182,7 +204,7 @@ def test_restart_phases_are_stock_blends_sized_to_each_phase(tmp_path):
                            samples={"train": s.size, "valid": 64, "test": 16}, training=None)
         stock = open_corpus(stock_path, progress=False)
         assert samples(run.splits["train"], s.start, s.end) == samples(stock.splits["train"], 0, s.size), k
-    again = served_before(run.splits["train"])
+    again = served(run.splits["train"])
     assert again[0] == 0 and again[1] > 0  # a relaunched phase re-reads what phase 0 read
 
 
@@ -226,6 +248,14 @@ def test_restart_is_megatron_relaunched_per_phase(tmp_path, name):
         assert digests(corpus.splits["train"], s.start, s.end) == expected
     for split in ("valid", "test"):  # not phased: the first phase's arguments
         assert digests(corpus.splits[split], 0, len(case[split])) == case[split]
+    # repeats across relaunches, counted fast, agree with the sample-by-sample walk (and with the digests)
+    again = served(corpus.splits["train"])
+    seen: set = set()
+    by_digest = []
+    for phase in case["restart"]:
+        by_digest.append(sum(d in seen for d in phase))
+        seen.update(phase)
+    assert again == by_digest
 
 
 @pytest.mark.parametrize("name", list(REFERENCE))
