@@ -1,6 +1,7 @@
 """Access to the compiled C core (`mmfs._native`, built by pip from native/)."""
 
 import os
+import threading
 
 import numpy as np
 
@@ -37,6 +38,15 @@ def _file_of(fd: int) -> str:
         return f"file descriptor {fd}"
 
 
+_FETCH_FAILURES: dict[int, tuple[int, str]] = {}  # thread -> (byte, why) of its last failed fetch
+
+
+def note_fetch_failure(byte: int, why: str) -> None:
+    """Why this thread's fetch of a source's bytes at `byte` failed, for the C core's
+    error that follows (error_detail puts it in the read's one line)."""
+    _FETCH_FAILURES[threading.get_ident()] = (byte, why)
+
+
 def error_detail(rc: int) -> str:
     """What the C core's last failure on this thread was, in words: the file,
     the byte offset and the sequence it names, and what to do."""
@@ -45,8 +55,9 @@ def error_detail(rc: int) -> str:
     what = _MESSAGES.get(rc, f"error {rc}")
     if e.code != rc:
         return what
-    if rc == lib.MMFS_E_IO and e.fd < 0:  # a fetched source: its error is logged already
-        return f"bytes at {e.byte} of a fetched source could not be read (the line before says why)"
+    if rc == lib.MMFS_E_IO and e.fd < 0:  # a fetched source: why, as its fetch noted it
+        byte, why = _FETCH_FAILURES.pop(threading.get_ident(), (-1, ""))
+        return why if byte == e.byte and why else f"bytes at {e.byte} of a fetched source could not be read"
     if rc == lib.MMFS_E_IO:
         why = os.strerror(e.value) if e.value else "it ends before that byte"
         return (f"reading {_file_of(e.fd)} at byte {e.byte} failed ({why}); the file changed "

@@ -164,15 +164,31 @@ static int read_locked(const char *path, char *buf, size_t size, int64_t offset,
     }
 }
 
+/* Tell the hook that a view's file is about to be read from its start. The view's
+ * path is copied under the lock and the hook runs after it (a dynamic table may
+ * be swapped once the lock is released; the hook may wait for fetches). */
+static void tell(mmfs_read_hook hook, const char *path) {
+    char view_path[4096];
+    const mmfs_view *v;
+    int32_t d;
+    int64_t file;
+    int found = 0;
+    pthread_rwlock_rdlock(&g_dyn_lock);
+    if (find(path, &v, &d, &file) == MMFS_PATH_FILE && strlen(v->path) < sizeof view_path) {
+        strcpy(view_path, v->path);
+        found = 1;
+    }
+    pthread_rwlock_unlock(&g_dyn_lock);
+    if (found) hook(view_path, file);
+}
+
 int mmfs_fuse_read(const char *path, char *buf, size_t size, int64_t offset, void *fi) {
     int rc;
     int32_t d;
     int64_t file, failed;
     mmfs_latency_touch();
     mmfs_read_hook hook = __atomic_load_n(&g_read_hook, __ATOMIC_ACQUIRE);
-    if (hook && offset == 0 && /* the mount's own views never change: no lock */
-        mmfs_view_find(g_views, g_num_views, path, &d, &file) == MMFS_PATH_FILE)
-        hook(d, file);
+    if (hook && offset == 0) tell(hook, path);
     pthread_rwlock_rdlock(&g_dyn_lock);
     int answered = read_locked(path, buf, size, offset, &rc, &d, &file, &failed);
     pthread_rwlock_unlock(&g_dyn_lock);

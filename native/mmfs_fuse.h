@@ -41,10 +41,11 @@ int mmfs_fuse_set_dynamic(const mmfs_view *views, int32_t n, int64_t *used);
 /* The clock of those stamps: its next value. */
 int64_t mmfs_fuse_tick(void);
 
-/* Told of the first read (at offset 0) of each file of views[view] (the mount's
- * own views, not the dynamic ones) before it is served: the prefetcher of a
- * mount whose data is remote. NULL (the default): nothing is told. */
-typedef void (*mmfs_read_hook)(int32_t view, int64_t file);
+/* Told of the first read (at offset 0) of each file of a view (the mount's own
+ * or a dynamic one) before it is served: the view's path (a copy, valid during
+ * the call) and the file; the prefetcher of a mount whose data is remote. NULL
+ * (the default): nothing is told. */
+typedef void (*mmfs_read_hook)(const char *view_path, int64_t file);
 void mmfs_fuse_set_read_hook(mmfs_read_hook hook);
 
 int mmfs_fuse_getattr(const char *path, void *st);

@@ -237,7 +237,8 @@ def test_rank_files_are_their_samples_back_to_back(tmp_path, sampler):
 
 
 def test_a_read_failing_again_and_again_is_logged_a_few_times(tmp_path):
-    """Readers retrying a failed read: the first lines, then at most one a second."""
+    """Readers retrying a failed read: the first line (a retry within a second of it
+    adds none), then at most one a second."""
     shutil.copytree(GOLDEN / "data", tmp_path / "data")
     config = write_case_config("p1_single_u16", tmp_path)
     corpus = open_corpus(str(config), progress=False)
@@ -259,7 +260,7 @@ def test_a_read_failing_again_and_again_is_logged_a_few_times(tmp_path):
                 failing.read_bytes()
         seconds = time.monotonic() - start
         lines = [x for x in m.log.read_text().splitlines() if f"/train/samples/{failing.name}" in x]
-        assert 3 <= len(lines) <= 3 + seconds + 2, len(lines)
+        assert 1 <= len(lines) <= 1 + seconds + 2, len(lines)
 
 
 def test_repeat_filter_summarises_copies(monkeypatch):

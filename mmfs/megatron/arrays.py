@@ -15,7 +15,6 @@ error naming the file, never a crash.
 from __future__ import annotations
 
 import itertools
-import logging
 import mmap
 import os
 import threading
@@ -28,11 +27,9 @@ import numpy as np
 from mmfs.errors import FormatError, MmfsError
 from mmfs.formats.dtypes import native_code
 from mmfs.megatron.npyfile import HEAD, CachedArray
-from mmfs.native import ffi, lib
+from mmfs.native import ffi, lib, note_fetch_failure
 from mmfs.storage.file import FileSource, read_fd_into
 from mmfs.storage.memory import MemorySource
-
-log = logging.getLogger(__name__)
 
 
 class FetchedArray(NamedTuple):
@@ -75,8 +72,8 @@ def _fetch(ctx, pos: int, n: int, to) -> int:
         return n
     try:
         return source.read_into(pos, ffi.buffer(to, n))
-    except (MmfsError, OSError) as exc:
-        log.error("%s", exc)
+    except (MmfsError, OSError) as exc:  # said once, in the failed read's line (error_detail)
+        note_fetch_failure(pos, str(exc))
         return lib.MMFS_E_IO
 
 

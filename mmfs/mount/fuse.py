@@ -38,7 +38,7 @@ from mmfs.errors import MmfsError, MountError
 from mmfs.mount.latency import LatencyGuard
 from mmfs.mount.options import MountOptions
 from mmfs.mount.prefetch import Prefetcher
-from mmfs.mount.repeats import RepeatFilter
+from mmfs.mount.repeats import FailedReads, RepeatFilter
 from mmfs.mount.tree import DIR_MODE, FILE_MODE, LINK_MODE, Dir, Tree
 from mmfs.mount.views import read_failure
 from mmfs.native import check, ffi, lib
@@ -144,6 +144,7 @@ class Daemon(fusepy.FUSE):
         self._tree = operations.tree
         self._stats: dict[Any, Any] = {}
         self._keep: list[Any] = []
+        self._failed = FailedReads()
 
     # -- the table ---------------------------------------------------------------
 
@@ -220,11 +221,13 @@ class Daemon(fusepy.FUSE):
 
     def read_failed(self, view: int, file: int, rc: int, size: int, offset: int) -> int:
         """A view's file the C handler could not read, handed over once: one log
-        line (the C core's own account of the file, byte and reason, and which
-        sample or document it was), EIO."""
+        line (the C core's own account of the file, byte and reason, with a fetch's
+        own error, and which sample or document it was; none for the kernel's
+        retry of a read just logged), EIO."""
         try:
-            log.error("%s (a read of %d bytes at %d)",
-                      read_failure(self._tree.registry.views[view], file, rc), size, offset)
+            why = read_failure(self._tree.registry.views[view], file, rc)
+            if self._failed.first((view, file), offset, size):
+                log.error("%s (a read of %d bytes at %d)", why, size, offset)
         except Exception:  # never 0 (end of file) for a failed read
             log.exception("read of file %d of view %d failed (code %d)", file, view, rc)
         return -errno.EIO
@@ -238,8 +241,9 @@ class Daemon(fusepy.FUSE):
             if node is None:
                 return -errno.ENOENT
             data = self._tree.read(node, offset, size)
-        except MmfsError as exc:  # a view's file that cannot be read: say why
-            log.error("%s (a read of %d bytes at %d)", exc, size, offset)
+        except MmfsError as exc:  # a view's file that cannot be read: say why (once, see read_failed)
+            if self._failed.first(name, offset, size):
+                log.error("%s (a read of %d bytes at %d)", exc, size, offset)
             return -errno.EIO
         except Exception:
             log.exception("read %s (%d bytes at %d)", name, size, offset)
@@ -314,6 +318,18 @@ def check_table(table: Any, fusepy_version: str | None = None) -> None:
                              f"{name} (at byte {declared}, expected {offset}); {fix}")
 
 
+def view_finder(tree: Tree):
+    """A view's path -> (registry, view): the mount's own views, then the stream
+    layouts held."""
+    registry = tree.registry
+
+    def find(path: str):
+        view = registry.by_path.get(path)
+        return (registry, view) if view is not None else tree.streams.find_view(path)
+
+    return find
+
+
 def serve(tree: Tree, mountpoint: str, options: MountOptions | None = None) -> None:
     """Mount `tree` on `mountpoint` and answer requests until it is unmounted
     (fusermount -u, SIGINT, SIGTERM). Runs in the calling process.
@@ -339,7 +355,8 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions | None = None) -> N
     prefetcher = None
     if getattr(tree.corpus, "remote", False):
         storage = tree.corpus.config.storage
-        prefetcher = Prefetcher(tree.registry, storage.prefetch, storage.max_requests)
+        prefetcher = Prefetcher(view_finder(tree), storage.prefetch, storage.max_requests,
+                                budget=storage.cache_limit // 2)
         prefetcher.start()
     try:
         Daemon(Operations(tree)).serve(mountpoint, ["-f"] + ([] if threads else ["-s"]), opts)

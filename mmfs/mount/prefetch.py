@@ -1,20 +1,29 @@
 """Order-aware prefetch for a mount whose data is in object storage.
 
 Every file of a view is followed by the next one: a reader of samples/, of a
-rank's micro-batches or of documents reads file j + 1 after file j. When the C
-handlers serve the first bytes of file j of a view, they tell this prefetcher
-(mmfs_fuse_set_read_hook), which reads files j + 1, j + 2, ... of that view in
-the background, ahead of the reader, with at most `max_requests` reads at once.
-The window starts at two files and doubles, up to `prefetch` bytes, each time the
-reader reaches a file whose fetch has not finished while fewer than `max_requests`
-fetches run (with them all running, the store is what the reader waits for, and a
-wider window would only fetch further ahead): it grows until it hides the store's
-latency at the reader's pace, and no further, so what is fetched and never read
-when a reader stops stays small. Reading a file through the C core fetches exactly
-the byte ranges of its pieces into the range cache, so the reader then finds
-them there. Each view has its own window: a rank that reads only its own files
-fetches only its own samples' bytes. A reader that jumps (a resumed job) moves
-the window to where it now reads.
+rank's micro-batches (ranks/RRR, or a stream layout's rank folder) or of
+documents reads file j + 1 after file j. When the C handlers serve the first
+bytes of file j of a view, they tell this prefetcher (mmfs_fuse_set_read_hook,
+with the view's path), which reads files j + 1, j + 2, ... of that view in the
+background, ahead of the reader, on `max_requests` workers. The window starts at
+two files and doubles, up to `prefetch` bytes, each time the reader reaches a
+file whose fetch has not finished while the view has fewer fetches waiting or
+running than its share of the workers (`max_requests` over the views fetching;
+with its share busy, the store is what the reader waits for, and a wider window
+would only fetch further ahead): it grows until it hides the store's latency at
+the reader's pace, and no further, so what is fetched and never read when a
+reader stops stays small. (The share is each view's own: counted against all the
+workers, the ranks that came first could grow their windows and keep the others'
+from growing.)
+Reading a file through the C core fetches exactly the byte ranges of its pieces
+into the range cache, so the reader then finds them there. Each view has its own
+window: a rank that reads only its own files fetches only its own samples' bytes.
+A reader that jumps (a resumed job) moves the window to where it now reads. The
+windows' files wait in one fair queue (mount/fairshare.py): the file earliest in
+what its reader reads goes first, so the readers of a mount (the ranks of a node)
+get fetches in proportion to what they read, and a rank that falls behind is
+served before the ranks ahead of it; all windows together stay within `budget`
+bytes ahead, each view's fair part of it at least.
 
 A file the window has not fetched yet is fetched when its first bytes are read:
 every piece at once (the C core would fetch them one after another, a round trip
@@ -24,14 +33,19 @@ an object (the sequences of a document) are joined into one request.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
+from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Any
 
 from mmfs.errors import MmfsError
 from mmfs.megatron.arrays import noted_fetches
+from mmfs.mount.fairshare import FairQueue
 from mmfs.native import ffi, lib
 from mmfs.storage.rangecache import MAX_REQUEST
 
@@ -40,27 +54,34 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Window:
+    registry: Any  # the Registry the view is read through
+    view: Any
     reading: int = -1  # the file the reader last started
     next: int = 0  # the next file to fetch
     ahead: int = 0  # bytes scheduled in (reading, next)
     target: int = 0  # bytes to keep ahead: doubled whenever the reader outruns the window
 
 
-class Prefetcher:
-    """Reads ahead of the readers of `registry`'s views (mount/views.py)."""
+FindView = Callable[[str], "tuple[Any, Any] | None"]  # a view's path -> (registry, view)
 
-    def __init__(self, registry, prefetch: int, max_requests: int) -> None:
-        self.registry = registry
+
+class Prefetcher:
+    """Reads ahead of the readers of the views `find_view` knows (mount/views.py)."""
+
+    def __init__(self, find_view: FindView, prefetch: int, max_requests: int, budget: int | None = None) -> None:
+        self.find_view = find_view
         self.prefetch = prefetch
+        self.budget = budget if budget is not None else 4 * prefetch  # bytes ahead, all windows together
         self._events: queue.SimpleQueue = queue.SimpleQueue()
-        self._windows: dict[int, _Window] = {}
-        self._sizes: dict[tuple[int, int], int] = {}  # (view, file) scheduled -> bytes
-        self._done: set[tuple[int, int]] = set()  # (view, file) scheduled and fetched
-        self._running = 0  # fetches scheduled and not finished
+        self._windows: dict[str, _Window] = {}
+        self._sizes: dict[tuple[str, int], int] = {}  # (view, file) scheduled -> bytes
+        self._done: set[tuple[str, int]] = set()  # (view, file) scheduled and fetched
+        self._running: Counter[str] = Counter()  # per view: fetches scheduled and not finished
         self.max_requests = max_requests
-        self._pool = ThreadPoolExecutor(max_requests, thread_name_prefix="mmfs-prefetch")
+        self.queue = FairQueue()
+        self._workers = [threading.Thread(target=self._work, name=f"mmfs-prefetch-{k}", daemon=True)
+                         for k in range(max_requests)]
         self._pieces = ThreadPoolExecutor(max_requests, thread_name_prefix="mmfs-fetch")  # for readers
-        self._slots = threading.BoundedSemaphore(max_requests * 2)  # queued + running reads
         self.files = self.failed = 0
         self._hook = ffi.callback("mmfs_read_hook", self._told)  # kept alive with self
         self._thread = threading.Thread(target=self._run, name="mmfs-prefetch-plan", daemon=True)
@@ -68,96 +89,121 @@ class Prefetcher:
     def start(self) -> None:
         if self.prefetch > 0:  # 0: no window; a read still fetches its own pieces at once
             self._thread.start()
+            for worker in self._workers:
+                worker.start()
         lib.mmfs_fuse_set_read_hook(self._hook)
 
     def stop(self) -> None:
         lib.mmfs_fuse_set_read_hook(ffi.NULL)
         self._events.put(None)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.queue.close()
         self._pieces.shutdown(wait=False, cancel_futures=True)
-
-    def _told(self, view: int, file: int) -> None:
-        """From a FUSE thread, in C's read handler, before it reads file `file`:
-        tell the planner, and fetch the file's pieces now unless the window has."""
         if self.prefetch > 0:
-            self._events.put(("read", view, file))
-        if (view, file) in self._done:
+            log.info("prefetch: %d files fetched ahead, %d failed; bytes per view: %s", self.files,
+                     self.failed, json.dumps(self.queue.given, sort_keys=True))
+
+    def _told(self, path, file: int) -> None:
+        """From a FUSE thread, in C's read handler, before it reads file `file` of
+        the view at `path`: tell the planner, and fetch the file's pieces now unless
+        the window has."""
+        key = ffi.string(path).decode("utf-8", "surrogateescape")
+        found = self.find_view(key)
+        if found is None:
+            return
+        if self.prefetch > 0:
+            self._events.put(("read", key, file, found))
+        if (key, file) in self._done:
             return
         try:
-            self._warm(self.registry.views[view], file)
+            self._warm(*found, file)
         except Exception:  # the read itself fetches what is missing, and says why it fails
-            log.debug("fetching the pieces of file %d of view %d failed", file, view, exc_info=True)
+            log.debug("fetching the pieces of file %d of %s failed", file, key, exc_info=True)
 
-    def _warm(self, view, file: int) -> None:
-        wanted = self._noted(view, file)
+    def _warm(self, registry, view, file: int) -> None:
+        wanted = _noted(registry, view, file)
         if len(wanted) > 1:  # (one piece: the read fetches it itself)
             wait([self._pieces.submit(_fill, *piece) for piece in merged(wanted)])
-
-    def _noted(self, view, file: int) -> list[tuple[object, int, int]]:
-        """The (source, offset, length) pieces reading the file fetches, fetching none."""
-        with noted_fetches() as wanted:
-            self.registry.read(view, file, 0, self.registry.size(view, file))
-        return wanted
 
     def _run(self) -> None:
         while True:
             event = self._events.get()
             if event is None:
                 return
-            kind, d, file = event
+            kind, key, file, found = event
             try:
                 if kind == "read":
-                    self._advance(d, file)
-                else:  # "fetched" or "failed"
-                    self._running -= 1
-                    if kind == "fetched" and (d, file) in self._sizes:
-                        self._done.add((d, file))
+                    self._advance(key, found, file)
+                else:  # "fetched", "failed" or "skipped"
+                    self._running[key] -= 1
+                    if kind == "fetched" and (key, file) in self._sizes:
+                        self._done.add((key, file))
             except Exception:  # never let the planner die: the mount still serves
                 log.exception("prefetch planning failed")
 
-    def _advance(self, d: int, file: int) -> None:
-        view = self.registry.views[d]
-        w = self._windows.setdefault(d, _Window())
+    def _advance(self, key: str, found: tuple[Any, Any], file: int) -> None:
+        w = self._windows.get(key)
+        if w is None or w.view is not found[1]:  # (a stream layout made again: the same files)
+            w = self._windows[key] = _Window(*found)
+        registry, view = found
         if file <= w.reading or file > w.next:  # a jump (or a re-read): start over here
+            self._running[key] -= len(self.queue.drop(key))
             w.next, w.ahead = file + 1, 0
-            w.target = 2 * self.registry.size(view, file)
-            self._sizes = {k: v for k, v in self._sizes.items() if k[0] != d}
-            self._done = {k for k in self._done if k[0] != d}
+            w.target = 2 * registry.size(view, file)
+            self._sizes = {k: v for k, v in self._sizes.items() if k[0] != key}
+            self._done = {k for k in self._done if k[0] != key}
         else:  # the reader moved on: what it passed no longer counts ahead
-            if (d, file) not in self._done and self._running < self.max_requests:
+            if (key, file) not in self._done and self._running[key] < self._share():
                 w.target = 2 * w.target  # it caught up with a window that was not the limit
             for j in range(w.reading + 1, file + 1):
-                w.ahead -= self._sizes.pop((d, j), 0)
-                self._done.discard((d, j))
+                w.ahead -= self._sizes.pop((key, j), 0)
+                self._done.discard((key, j))
             w.next = max(w.next, file + 1)
         w.reading = file
         w.target = min(max(w.target, 1), self.prefetch)
-        count = view.count
-        while w.ahead < w.target and w.next < count:
+        ahead = sum(x.ahead for x in self._windows.values())
+        share = self.budget // max(1, sum(x.ahead > 0 or x is w for x in self._windows.values()))
+        while w.ahead < w.target and w.next < view.count and (ahead < self.budget or w.ahead < share):
             j = w.next
-            size = self.registry.size(view, j)
-            if not self._slots.acquire(blocking=False):
-                break  # enough in flight: the next read of the reader moves on
-            self._sizes[(d, j)] = size
+            size = registry.size(view, j)
+            self._sizes[(key, j)] = size
             w.ahead += size
+            ahead += size
             w.next += 1
-            self._running += 1
-            self._pool.submit(self._fetch, d, view, j, size)
+            self._running[key] += 1
+            self.queue.put(key, size, (w, j))
 
-    def _fetch(self, d: int, view, j: int, size: int) -> None:
-        # one file a task: files are fetched side by side, the (joined) pieces of each in turn
-        outcome = "failed"
-        try:
-            for source, offset, n in merged(self._noted(view, j)):  # into the range cache
-                source.read_into(offset, bytearray(n))
-            self.files += 1
-            outcome = "fetched"
-        except MmfsError as exc:  # the reader's own read will say why, with EIO
-            self.failed += 1
-            log.debug("prefetch of %s/%s: %s", view.path, view.name(j), exc)
-        finally:
-            self._slots.release()
-            self._events.put((outcome, d, j))
+    def _share(self) -> int:
+        """A view's fair part of the workers: max_requests over the views fetching."""
+        return max(1, self.max_requests // max(1, sum(n > 0 for n in self._running.values())))
+
+    def _work(self) -> None:
+        """A worker: the fair queue's next file, into the range cache."""
+        while (got := self.queue.get()) is not None:
+            key, (w, j) = got
+            outcome = "failed"
+            try:
+                if j <= w.reading or self._windows.get(key) is not w:
+                    outcome = "skipped"  # its reader is there already: it fetches it itself
+                    continue
+                for source, offset, n in merged(_noted(w.registry, w.view, j)):  # joined pieces in turn
+                    source.read_into(offset, bytearray(n))
+                self.files += 1
+                outcome = "fetched"
+            except MmfsError as exc:  # the reader's own read will say why, with EIO
+                self.failed += 1
+                log.debug("prefetch of %s/%s: %s", w.view.path, w.view.name(j), exc)
+            except Exception:  # a worker never dies
+                self.failed += 1
+                log.debug("prefetch of %s/%s failed", w.view.path, w.view.name(j), exc_info=True)
+            finally:
+                self._events.put((outcome, key, j, None))
+
+
+def _noted(registry, view, file: int) -> list[tuple[object, int, int]]:
+    """The (source, offset, length) pieces reading the file fetches, fetching none."""
+    with noted_fetches() as wanted:
+        registry.read(view, file, 0, registry.size(view, file))
+    return wanted
 
 
 def merged(pieces: list[tuple[object, int, int]]) -> list[tuple[object, int, int]]:

@@ -122,6 +122,16 @@ class Streams:
                 self._publish()
             return held
 
+    def find_view(self, path: str) -> tuple[Registry, View] | None:
+        """The view of a held layout's rank folder at `path`, with its layout's own
+        registry (which keeps it alive and readable once the layout is dropped)."""
+        with self._lock:
+            for layout in self._layouts.values():
+                view = layout.registry.by_path.get(path)
+                if view is not None:
+                    return layout.registry, view
+        return None
+
     def _too_many(self) -> bool:
         if len(self._layouts) > MAX_LAYOUTS:
             return True
