@@ -15,6 +15,7 @@ from mmfs.config.safe_yaml import show
 from mmfs.config.tokenizer import TokenizerBlock
 from mmfs.formats import dataset_problem, dataset_stem
 from mmfs.storage import StorageError, StorageUnavailable, scheme_of
+from mmfs.storage.file import read_text_file
 from mmfs.text.dataset import TextDataset, text_dataset, text_stem
 from mmfs.text.source import is_text_input
 
@@ -224,6 +225,10 @@ def with_texts(blend: Blend, tokenizer: TokenizerBlock, folder: str, checker: Ch
 
 # -- Megatron's own forms of the data arguments -----------------------------------
 
+# The largest file of Megatron's data arguments (data_args_path, per_split_data_args_path,
+# and `mmfs config --from-megatron @FILE`) read: some 5 million dataset paths.
+MAX_ARGS_FILE = 256 << 20
+
 DATA_SOURCES = ("datasets", "data_path", "blend_per_split", "data_args_path", "per_split_data_args_path")
 
 
@@ -243,6 +248,9 @@ def megatron_data_source(raw: dict, source: str, checker: Checker, base_dir: str
         text = _read_text(value, checker, source, base_dir)
         try:
             per_split = json.loads(text)
+        except RecursionError:
+            raise checker.fail(source, f"{value} nests deeper than Python's JSON reader goes; "
+                                       "give a flat {train, valid, test} object") from None
         except ValueError as exc:
             raise checker.fail(source, f"{value} is not JSON ({exc})") from None
         if not isinstance(per_split, dict):
@@ -263,9 +271,7 @@ def megatron_data_source(raw: dict, source: str, checker: Checker, base_dir: str
 
 def _read_text(value: Any, checker: Checker, key: str, base_dir: str) -> str:
     path = checker.path_text(value, key, "a file path")
-    file = os.path.join(base_dir, path)
     try:
-        with open(file, encoding="utf-8") as f:
-            return f.read(1 << 24)  # 16 MiB: far above any list of datasets
-    except (OSError, UnicodeDecodeError) as exc:
-        raise checker.fail(key, f"cannot read {file}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+        return read_text_file(os.path.join(base_dir, path), MAX_ARGS_FILE, "arguments file")
+    except StorageError as exc:
+        raise checker.fail(key, str(exc)) from None
