@@ -3,6 +3,7 @@ Megatron's string and file forms of them, the split string, text datasets."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -165,9 +166,11 @@ def parse_blend(value: Any, checker: Checker, key: str, base_dir: str,
             name = checked[file]
         if name is None:
             name = text_stem(file) if json_key is not None else os.path.basename(dataset_stem(file))
+            if len(name.encode()) > MAX_NAME:  # an object key's last part may be 1,024 bytes: kept unique
+                name = f"{name[:MAX_NAME - 41]}-{hashlib.sha256(name.encode()).hexdigest()[:40]}"
             if checked is not None:
                 checked[file] = name
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._+-]{1,255}", name) \
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._+-]{1,%d}" % MAX_NAME, name) \
                 or name in (".", ".."):
             raise checker.fail(
                 f"{where}.name",
@@ -224,6 +227,8 @@ def with_texts(blend: Blend, tokenizer: TokenizerBlock, folder: str, checker: Ch
 
 
 # -- Megatron's own forms of the data arguments -----------------------------------
+
+MAX_NAME = 255  # a dataset's name is a folder of the mount
 
 # The largest file of Megatron's data arguments (data_args_path, per_split_data_args_path,
 # and `mmfs config --from-megatron @FILE`) read: some 5 million dataset paths.
