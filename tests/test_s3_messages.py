@@ -197,7 +197,7 @@ def test_a_cache_folder_that_cannot_be_written_is_named(tmp_path, proxy, problem
     ({"cache_limit": "100MiB"}, "storage.cache_limit",
      "less than twice the default storage.prefetch (64 MiB): give at least 128 MiB, or set storage.prefetch",
      "storage.prefetch: "),
-    ({"cache_limit": "1" * 309}, "storage.cache_limit", "must be at most", ""),
+    ({"cache_limit": "9" * 309}, "storage.cache_limit", "must be at most", ""),
     ({"cache_limit": "1" * 400 + ".5 GB"}, "storage.cache_limit", "must be at most", ""),
     ({"prefetch": "9" * 320}, "storage.prefetch", "must be at most", ""),
 ])
