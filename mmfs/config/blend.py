@@ -23,6 +23,8 @@ from mmfs.text.source import is_text_input
 SPLITS = ("train", "valid", "test")
 DATASET_KEYS = {"path", "weight", "name", "json_key"}
 
+MAX_NAME = 255  # bytes of a dataset's name: a folder of the mount
+
 
 @dataclass(frozen=True)
 class DatasetSpec:
@@ -227,8 +229,6 @@ def with_texts(blend: Blend, tokenizer: TokenizerBlock, folder: str, checker: Ch
 
 
 # -- Megatron's own forms of the data arguments -----------------------------------
-
-MAX_NAME = 255  # a dataset's name is a folder of the mount
 
 # The largest file of Megatron's data arguments (data_args_path, per_split_data_args_path,
 # and `mmfs config --from-megatron @FILE`) read: some 5 million dataset paths.
