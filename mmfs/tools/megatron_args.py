@@ -294,7 +294,7 @@ def to_config(argv: list[str], environ: dict | None = None) -> tuple[dict[str, A
         config["storage"] = {"cache_dir": values["--object-storage-cache-path"]}
     config["training"] = training_block(values, environ, comments)
     checker = FlagChecker()
-    with_schedule(parse_training(config["training"], checker), config["sequence_length"], checker)
+    with_schedule(parse_training(config["training"], checker), config["sequence_length"], None, checker)
     if "--hybrid-context-parallel" in values:
         comments.append(HYBRID_CP_REROUTES)
     return config, comments
@@ -391,10 +391,8 @@ def render(config: dict[str, Any], comments: list[str]) -> str:
     return "\n".join(head) + "\n" + yaml.dump(config, Dumper=SAFE_DUMPER, sort_keys=False)
 
 
-def config_command(args) -> int:
-    config, comments = to_config(args.from_megatron)
+def print_warnings(comments: list[str]) -> None:
+    """The comments that mean the config may not be what the user meant, also on stderr."""
     for line in comments:
         if line in (WORLD_SIZE_UNKNOWN, HYBRID_CP_REROUTES):
             print(f"mmfs: warning: {line}", file=sys.stderr)
-    sys.stdout.write(render(config, comments))
-    return 0
