@@ -24,6 +24,7 @@ from mmfs.processes import pid_alive
 from mmfs.storage.base import StorageError, StorageUnavailable, register_scheme
 from mmfs.storage.file import FileSource
 from mmfs.storage.rangecache import RangeCache
+from mmfs.storage.redact import redact
 from mmfs.storage.settings import StorageSettings, copy_path, current
 
 log = logging.getLogger(__name__)
@@ -31,17 +32,10 @@ log = logging.getLogger(__name__)
 for _chatty in ("botocore", "multistorageclient"):
     logging.getLogger(_chatty).setLevel(logging.WARNING)
 
-SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-
-
 def short(exc: BaseException) -> str:
-    """An error's message on one line, without a secret that might be in it."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    for name in SECRET_ENV:
-        secret = os.environ.get(name)
-        if secret:
-            text = text.replace(secret, "***")
-    return text[:300]
+    """A storage library's error message on one line, without a secret that might be
+    in it (redact.py), cut to 300 characters."""
+    return redact(" ".join(str(exc).split()) or type(exc).__name__)[:300]
 
 
 class Changed(Exception):
@@ -115,7 +109,12 @@ def range_cache(settings: StorageSettings) -> RangeCache:
         cache = _RANGES.get(folder)
         if cache is None:
             _remove_dead(root)
-            cache = _RANGES[folder] = RangeCache(folder, settings.cache_limit)
+            try:
+                cache = _RANGES[folder] = RangeCache(folder, settings.cache_limit)
+            except OSError as exc:  # not "no dataset": the cache folder is the problem
+                raise StorageUnavailable(f"{settings.cache_folder}: cannot keep fetched ranges there "
+                                         f"({exc.strerror or exc}); set storage.cache_dir to a writable "
+                                         "folder with room") from None
             atexit.register(cache.close)
         return cache
 

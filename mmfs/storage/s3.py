@@ -21,8 +21,9 @@ import threading
 from typing import Any
 
 from mmfs.storage.base import NotThere, StorageError, StorageUnavailable
+from mmfs.storage.redact import shown_url
 from mmfs.storage.remote import Changed, Permanent, RemoteObject, Transient, register_backend, short
-from mmfs.storage.settings import StorageSettings
+from mmfs.storage.settings import StorageSettings, endpoint_problem, environment_endpoint
 
 
 def _boto3():
@@ -60,6 +61,9 @@ def client(settings: StorageSettings) -> Any:
 
 def _make_client(settings: StorageSettings) -> Any:
     boto3, botocore = _boto3()
+    from_env = environment_endpoint()
+    if from_env and not settings.endpoint_url and endpoint_problem(from_env[1]):  # botocore would trace back
+        raise StorageUnavailable(f"{from_env[0]}: {shown_url(from_env[1])!r} {endpoint_problem(from_env[1])}")
     options: dict[str, Any] = {
         "connect_timeout": settings.request_timeout, "read_timeout": settings.request_timeout,
         "retries": {"mode": "standard", "max_attempts": settings.retries + 1},
@@ -97,6 +101,8 @@ class S3Object(RemoteObject):
             meta = client(self.settings).head_object(Bucket=self.bucket, Key=self.key)
             return int(meta["ContentLength"]), meta.get("ETag") or ""
         except botocore.exceptions.ClientError as exc:
+            if _code(exc) == "400":  # a HEAD's answer has no body: ask a byte to learn why
+                exc = self._why_refused(exc)
             if _code(exc) not in ("404", "NoSuchKey", "NotFound"):
                 raise _unavailable(self.url, exc) from None
         except botocore.exceptions.BotoCoreError as exc:
@@ -105,12 +111,24 @@ class S3Object(RemoteObject):
             client(self.settings).head_bucket(Bucket=self.bucket)
         except botocore.exceptions.ClientError as exc:
             if _code(exc) in ("404", "NoSuchBucket", "NotFound"):
-                where = self.settings.endpoint_url or "AWS S3"
+                where = shown_url(client(self.settings).meta.endpoint_url)  # the one asked, wherever it came from
                 raise StorageUnavailable(f"{self.url}: no bucket {self.bucket} at {where}; check the "
                                          "URL (and storage.endpoint_url or AWS_ENDPOINT_URL)") from None
         except botocore.exceptions.BotoCoreError:
             pass
         raise NotThere(f"{self.url}: no such object in bucket {self.bucket}")
+
+    def _why_refused(self, exc: BaseException) -> BaseException:
+        """The error of a GET of the object's first byte (with the S3 error code that
+        a HEAD's answer lacks, such as ExpiredToken), else `exc`."""
+        _, botocore = _boto3()
+        try:
+            client(self.settings).get_object(Bucket=self.bucket, Key=self.key, Range="bytes=0-0")
+        except botocore.exceptions.ClientError as answer:
+            return answer
+        except botocore.exceptions.BotoCoreError:
+            pass
+        return exc
 
     def _get(self, offset: int, n: int) -> bytes:
         _, botocore = _boto3()
@@ -130,9 +148,16 @@ class S3Object(RemoteObject):
             raise Transient(short(exc)) from None  # a cut connection, a timeout, a broken body
 
 
+# S3's answers to credentials that were valid once: an expired or revoked session token
+EXPIRED = ("ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired", "InvalidToken", "RequestExpired")
+
+
 def _unavailable(url: str, exc: BaseException) -> StorageUnavailable:
     code = _code(exc)
     name = type(exc).__name__
+    if code in EXPIRED:
+        return StorageUnavailable(f"{url}: the store refused the credentials: {code} ({short(exc)}); renew "
+                                  "them (a new AWS_SESSION_TOKEN, or aws sso login for AWS_PROFILE) and try again")
     if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch") or \
             name in ("NoCredentialsError", "PartialCredentialsError"):
         return StorageUnavailable(f"{url}: access denied or no credentials ({short(exc)}); set "
