@@ -64,7 +64,9 @@
     const target = document.querySelector("[data-chart='" + name + "']");
     return vegaEmbed(target, spec, {renderer: "svg", actions: false}).then(result => {
       const legend = target.querySelectorAll(".role-legend-label text");
-      status.charts[name] = {series: Array.from(legend, t => t.textContent)};
+      const labels = target.querySelectorAll(".mark-text.role-mark text");  // text marks: the mix chart's bands
+      status.charts[name] = {series: Array.from(legend, t => t.textContent),
+                             labels: Array.from(labels, t => t.textContent)};
       return result;
     }).catch(err => { window.mmfsErrors.push(name + ": " + err); });
   });
