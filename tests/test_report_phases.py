@@ -146,3 +146,14 @@ def test_bands_and_warnings(run):
     # nothing is listed twice, though under restart a dataset has a GPTDataset in each phase
     assert not [w for w in figs["warnings"] if w["kind"] in ("same_path", "same_bytes")]
     assert json.loads(json.dumps(figs["splits"]["train"]["phases"])) == train["phases"]
+
+
+def test_a_long_run_leaves_samples_served_again_uncounted(tmp_path, monkeypatch):
+    from mmfs.tools import report_phases
+
+    monkeypatch.setattr(report_phases, "SERVED_COUNTED_UP_TO", 239)  # the run has 240 train samples
+    figs = figures(open_corpus(write(tmp_path, "restart"), progress=False), browser=False)
+    phases = figs["splits"]["train"]["phases"]
+    assert [p["served_before"] for p in phases["phases"]] == [None, None, None]
+    assert "not counted" in phases["note"] and "240" in phases["note"]
+    assert not [w for w in figs["warnings"] if w["kind"] == "served_again"]

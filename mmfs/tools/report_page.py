@@ -285,9 +285,11 @@ def _phases_html(phases: dict[str, Any]) -> str:
         table = f"<table class='phase'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
         if len(p["datasets"]) > FOLD_AFTER:
             table = f"<details><summary>every dataset ({len(p['datasets']):,})</summary>{table}</details>"
+        again = "" if p["served_before"] is None else f"; {p['served_before']:,} of them served earlier in the run"
         out.append(f"<h3 class='phase' data-phase='{p['phase']}'>phase {p['phase']}: from {where}, "
-                   f"{p['samples']:,} samples; {p['served_before']:,} of them served earlier in the run</h3>{table}")
-    return f"<div class='phases'>{''.join(out)}</div>"
+                   f"{p['samples']:,} samples{again}</h3>{table}")
+    note = f"<p class='note'>{html.escape(phases['note'])}</p>" if phases.get("note") else ""
+    return f"<div class='phases'>{note}{''.join(out)}</div>"
 
 
 def _browser_html(browser: dict[str, Any] | None) -> str:

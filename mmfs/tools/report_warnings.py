@@ -53,7 +53,7 @@ def _phase_warnings(split: str, phases: dict[str, Any], run: int) -> list[dict[s
                             "message": f"{where}: {d}'s weight {w:.3g} of the phase's {p['samples']:,} samples is "
                                        f"{expected:.3g} samples: it rounds to none (the blend draws "
                                        f"{row['draws']:,})"})
-        if p["served_before"]:
+        if p["served_before"]:  # None: not counted (report_phases.SERVED_COUNTED_UP_TO)
             out.append({"kind": "served_again", "split": split, "phase": p["phase"], "samples": p["samples"],
                         "served_before": p["served_before"], "phase_mode": phases["phase_mode"],
                         "message": f"{where}: {p['served_before']:,} of its {p['samples']:,} samples were served "
