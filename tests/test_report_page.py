@@ -154,6 +154,7 @@ def test_a_run_in_phases_renders_a_series_per_dataset_and_its_phases(tmp_path_fa
         assert status["charts"][f"{kind}-valid"]["series"] == NAMES[:2], kind  # the first phase's blend
     assert sorted(status["charts"]["mix-train"]["labels"]) == ["global batch 8", "phase 0", "phase 1", "phase 2"]
     assert done.stdout.count("<h3 class=\"phase\"") == 3
+    assert "iteration 1: consumed_samples 0..8, phase 0, rank 0" in done.stdout  # the browser's first iteration
 
 
 def test_screenshot_is_not_blank(page, tmp_path):

@@ -266,7 +266,8 @@ def sample_browser(corpus, train: dict[str, Any] | None, iterations: list[int] |
                         if len(p.get("text", "")) > TEXT_CHARS:
                             p["text"] = p["text"][:TEXT_CHARS]
                             p["text_cut"] = True
-        out.append({"iteration": i, "consumed_samples": found["consumed_samples"], "ranks": found["ranks"]})
+        out.append({"iteration": i, "consumed_samples": found["consumed_samples"], "ranks": found["ranks"],
+                    **({"phases": [p["phase"] for p in found["phases"]]} if "phases" in found else {})})
     return {"iterations": out, "text": decode is not None, "text_chars": TEXT_CHARS, "note": note}
 
 

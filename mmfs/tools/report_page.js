@@ -23,7 +23,8 @@
     const out = document.getElementById("samples");
     out.textContent = "";
     out.appendChild(element("p", "iteration " + it.iteration + ": consumed_samples " + it.consumed_samples[0] +
-      ".." + it.consumed_samples[1] + ", rank " + rank.rank, "note"));
+      ".." + it.consumed_samples[1] + (it.phases ? ", phase " + it.phases.join(" and ") : "") + ", rank " + rank.rank,
+      "note"));
     const table = element("table", undefined, "samples");
     const head = element("tr");
     ["micro-batch", "sample", "dataset", "sequence", "document", "tokens of the sample", "tokens of the sequence",
