@@ -1,11 +1,19 @@
 """What every object-storage backend shares: an object looked up once (size and
-ETag), ranged fetches retried with backoff and jitter and checked for length, the
-process's range cache for token bytes, and whole local copies for index files.
+ETag), ranged fetches asked again with backoff and jitter, a store that stopped
+answering failed fast until it answers again, the process's range cache for token
+bytes, and whole local copies for index files.
 
 A backend (s3.py, msc.py) supplies a RemoteObject subclass: `_lookup` (size and
-ETag, or NotThere / StorageUnavailable) and `_get` (the bytes of a range, raising
-Changed, Permanent or Transient); `register_backend` then makes its URL scheme
-openable.
+ETag, or NotThere / StorageUnavailable) and `_get_into` (one attempt at the bytes
+of a range, checked against the range asked for, raising Changed, Permanent or
+Transient); `register_backend` then makes its URL scheme openable.
+
+How long a read can wait (docs/object-storage.md, "When the store fails"): a
+request is at most `retries + 1` attempts, each ended at `request_timeout` (the
+whole answer, for s3://), with a backoff of at most BACKOFF_MAX seconds between
+two. A request that used them all on transient failures marks the store down:
+from then on a fetch fails at once, without a request, and one thread asks the
+store for a byte every PROBE_SECONDS until it answers; then fetches go on.
 """
 
 from __future__ import annotations
@@ -28,9 +36,14 @@ from mmfs.storage.redact import redact
 from mmfs.storage.settings import StorageSettings, copy_path, current
 
 log = logging.getLogger(__name__)
-# The clients' own INFO lines ("Found credentials in ...", endpoints) are not the user's
-for _chatty in ("botocore", "multistorageclient"):
-    logging.getLogger(_chatty).setLevel(logging.WARNING)
+# The libraries' own lines (botocore's credential notes, urllib3's and MSC's retry
+# warnings) stay out of the log: a failure reaches mmfs as an exception, and the
+# read that it fails logs it in one line of its own.
+for _chatty in ("botocore", "boto3", "urllib3", "s3transfer", "multistorageclient"):
+    logging.getLogger(_chatty).setLevel(logging.CRITICAL + 1)
+
+BACKOFF_MAX = 5.0  # seconds between two attempts, at most (before jitter of +-50 %)
+PROBE_SECONDS = 1.0  # between two probes of a store that is down
 
 def short(exc: BaseException) -> str:
     """A storage library's error message on one line, without a secret that might be
@@ -50,8 +63,63 @@ class Transient(Exception):
     """A failure worth another try (throttled, 5xx, timeout, cut connection)."""
 
 
+class StoreDown:
+    """Whether the store of a backend and settings answers: down from the moment a
+    request exhausted its attempts on transient failures, until a probe (one
+    attempt at one byte, from one thread) gets an answer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.since: str | None = None  # when it went down (a clock time for the message)
+        self.reason = ""
+        self.probes = 0
+
+    def check(self, url: str, offset: int, end: int) -> None:
+        since = self.since
+        if since is not None:
+            raise StorageError(f"{url}: bytes {offset}..{end}: the store has not answered since {since} "
+                               f"({self.reason}); reads fail until it does")
+
+    def went_down(self, obj: RemoteObject, reason: str) -> None:
+        with self._lock:
+            if self.since is not None:
+                return
+            self.since, self.reason = time.strftime("%H:%M:%S"), reason
+        log.warning("%s: the store does not answer (%s); reads fail at once until it does", obj.url, reason)
+        threading.Thread(target=self._probe, args=(obj,), name="mmfs-store-probe", daemon=True).start()
+
+    def _probe(self, obj: RemoteObject) -> None:
+        while obj.size:
+            time.sleep(PROBE_SECONDS)
+            self.probes += 1
+            try:
+                obj._get_into(0, memoryview(bytearray(1)))
+            except Transient:
+                continue
+            except (Changed, Permanent):
+                pass  # an answer: the store is there (the reads say what is wrong)
+            break
+        with self._lock:
+            self.since = None
+        log.warning("%s: the store answers again; reads go on", obj.url)
+
+
+_DOWN: dict[tuple, StoreDown] = {}
+_DOWN_LOCK = threading.Lock()
+
+
+def store_down(kind: type, settings: StorageSettings) -> StoreDown:
+    """This process's StoreDown of a backend for the settings (one per store)."""
+    key = (os.getpid(), kind, settings)
+    with _DOWN_LOCK:
+        return _DOWN.setdefault(key, StoreDown())
+
+
 class RemoteObject:
     """One object as looked up: `size`, `etag`, and ranged fetches."""
+
+    # whether fetch asks again itself (False: the backend's client does, counted there)
+    asks_again = True
 
     def __init__(self, url: str, settings: StorageSettings) -> None:
         self.url = url
@@ -64,36 +132,37 @@ class RemoteObject:
     def _lookup(self) -> tuple[int, str]:
         raise NotImplementedError
 
-    def _get(self, offset: int, n: int) -> bytes:
+    def _get_into(self, offset: int, buffer: memoryview) -> None:
+        """One attempt: fill `buffer` with the bytes at `offset`, or raise."""
         raise NotImplementedError
 
     def fetch(self, offset: int, buffer: memoryview) -> None:
-        """Fill `buffer` with the bytes at `offset`, asking again with backoff and
-        jitter while the answer is a transient failure or a body of the wrong size."""
-        n = len(buffer)
-        end = offset + n
+        """Fill `buffer` with the bytes at `offset`: at most `retries + 1` attempts,
+        with backoff and jitter between them while the failures are transient.
+        Fails at once while the store is down."""
+        end = offset + len(buffer)
+        down = store_down(type(self), self.settings)
+        down.check(self.url, offset, end)
+        attempts = self.settings.retries + 1 if self.asks_again else 1
         last = ""
-        for attempt in range(self.settings.retries + 1):
+        for attempt in range(attempts):
             if attempt:
+                time.sleep(min(BACKOFF_MAX, 0.05 * 2 ** attempt) * (0.5 + random.random()))
+                down.check(self.url, offset, end)  # another request found it down meanwhile
                 self.retried += 1
-                time.sleep(min(5.0, 0.05 * 2 ** attempt) * (0.5 + random.random()))
             self.requests += 1
             try:
-                body = self._get(offset, n)
+                self._get_into(offset, buffer)
+                return
             except Changed:
                 raise StorageError(f"{self.url}: the object changed since it was opened (its ETag "
                                    f"is no longer {self.etag}); remount to read the new one") from None
             except Permanent as exc:
-                last = str(exc)
-                break
+                raise StorageError(f"{self.url}: bytes {offset}..{end}: {exc}") from None
             except Transient as exc:
                 last = str(exc)
-                continue
-            if len(body) == n:
-                buffer[:] = body
-                return
-            last = f"short body: {len(body)} of {n} bytes"
-        raise StorageError(f"{self.url}: bytes {offset}..{end}: {last}")
+        down.went_down(self, last)
+        raise StorageError(f"{self.url}: bytes {offset}..{end}: {last} ({attempts} attempts)")
 
 
 _RANGES: dict[str, RangeCache] = {}

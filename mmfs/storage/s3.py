@@ -1,29 +1,40 @@
 """Objects in S3 (and S3-compatible stores) as sources: `s3://bucket/key`.
 
-The client is boto3, as megatron-core's own S3 reader uses: the standard
-credential chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_SESSION_TOKEN,
-AWS_PROFILE, ~/.aws/config and credentials, AWS_ENDPOINT_URL, AWS_REGION), none
-of it ever written to a message. (obstore costs a quarter of the CPU per ranged
-GET, but its runtime does not survive the fork that makes the mount daemon: a
-request in the forked process hangs.) Clients are made per process for the same
-reason.
+An object is looked up (HEAD) with boto3, as megatron-core's own S3 reader
+reads: the standard credential chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/
+AWS_SESSION_TOKEN, AWS_PROFILE, ~/.aws/config and credentials, AWS_ENDPOINT_URL,
+AWS_REGION, an instance role), none of it ever written to a message. boto3 also
+says where the object's bytes are (the URL it would address, path- or
+virtual-host-style) and in which region requests are signed.
+
+Its bytes are fetched by ranged GETs on mmfs's own connections (http.py), signed
+here (sigv4.py) with the credentials of that same chain, asked for afresh on every
+request (temporary ones are refreshed by botocore): a ranged GET through botocore
+costs about five times the CPU (benchmarks/s3_clients.py). (obstore costs about
+half of this path, but its runtime does not survive the fork that makes the mount
+daemon: a request in the forked process hangs.) Clients and connections are made
+per process for the same reason.
 
 Every GET is conditional on the ETag seen when the object was looked up
 (If-Match), so an object replaced while it is read is an error, never a mix of
-old and new bytes. botocore's standard retries cover throttling, 5xx answers and
-timeouts; remote.py retries broken and short bodies.
+old and new bytes. remote.py asks again, `retries` times at most; the lookup's
+HEAD is retried by botocore the same number of times, once.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from mmfs.storage.base import NotThere, StorageError, StorageUnavailable
+from mmfs.storage.http import BadAnswer, Deadlines, Endpoint
 from mmfs.storage.redact import shown_url
 from mmfs.storage.remote import Changed, Permanent, RemoteObject, Transient, register_backend, short
 from mmfs.storage.settings import StorageSettings, endpoint_problem, environment_endpoint
+from mmfs.storage.sigv4 import Signer
 
 
 def _boto3():
@@ -45,38 +56,72 @@ def split_url(url: str) -> tuple[str, str]:
     return bucket, key
 
 
-_CLIENTS: dict[tuple, Any] = {}
-_CLIENTS_LOCK = threading.Lock()
+@dataclass
+class Store:
+    """This process's way to a store for the settings: boto3 for lookups, and the
+    fetch path's connections, deadlines and credentials."""
+
+    settings: StorageSettings
+    session: Any
+    client: Any
+    deadlines: Deadlines = field(default_factory=Deadlines)
+    endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def endpoint(self, base: str) -> Endpoint:
+        with self.lock:
+            made = self.endpoints.get(base)
+            if made is None:
+                # as many idle connections as requests can be in flight: the prefetch
+                # pool's and the readers' own pieces (max_requests each), and the reads
+                # of the FUSE threads themselves
+                made = self.endpoints[base] = Endpoint(base, 2 * self.settings.max_requests + 16, self.deadlines)
+            return made
+
+    def credentials(self) -> Any:
+        """Frozen credentials of the chain now (None: unsigned requests)."""
+        if self.settings.anonymous:
+            return None
+        found = self.session.get_credentials()
+        return found.get_frozen_credentials() if found is not None else None
 
 
-def client(settings: StorageSettings) -> Any:
-    """This process's client for the settings (a client does not survive a fork)."""
+_STORES: dict[tuple, Store] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def store(settings: StorageSettings) -> Store:
+    """This process's store for the settings (a client does not survive a fork)."""
     key = (os.getpid(), settings)
-    with _CLIENTS_LOCK:
-        made = _CLIENTS.get(key)
+    with _STORES_LOCK:
+        made = _STORES.get(key)
         if made is None:
-            made = _CLIENTS[key] = _make_client(settings)
+            made = _STORES[key] = _make_store(settings)
         return made
 
 
-def _make_client(settings: StorageSettings) -> Any:
+def client(settings: StorageSettings) -> Any:
+    return store(settings).client
+
+
+def _make_store(settings: StorageSettings) -> Store:
     boto3, botocore = _boto3()
     from_env = environment_endpoint()
     if from_env and not settings.endpoint_url and endpoint_problem(from_env[1]):  # botocore would trace back
         raise StorageUnavailable(f"{from_env[0]}: {shown_url(from_env[1])!r} {endpoint_problem(from_env[1])}")
     options: dict[str, Any] = {
         "connect_timeout": settings.request_timeout, "read_timeout": settings.request_timeout,
-        "retries": {"mode": "standard", "max_attempts": settings.retries + 1},
-        "max_pool_connections": settings.max_requests + 4,  # the readers' own, beside the prefetch
+        "retries": {"mode": "standard", "total_max_attempts": settings.retries + 1},
     }
     if settings.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
         options["s3"] = {"addressing_style": "path"}  # as S3-compatible stores want
     if settings.anonymous:
         options["signature_version"] = botocore.UNSIGNED
     try:
-        return boto3.session.Session().client(
-            "s3", endpoint_url=settings.endpoint_url, region_name=settings.region,
-            config=botocore.config.Config(**options))
+        session = boto3.session.Session()
+        made = session.client("s3", endpoint_url=settings.endpoint_url, region_name=settings.region,
+                              config=botocore.config.Config(**options))
+        return Store(settings, session, made)
     except botocore.exceptions.BotoCoreError as exc:  # a malformed profile, say
         raise StorageUnavailable(f"cannot set up the S3 client ({short(exc)}); check "
                                  "AWS_PROFILE and ~/.aws/config") from None
@@ -94,6 +139,13 @@ class S3Object(RemoteObject):
     def __init__(self, url: str, settings: StorageSettings) -> None:
         self.bucket, self.key = split_url(url)
         super().__init__(url, settings)
+        # where boto3 would send a GET of the object, and the region it would sign for
+        address = urlsplit(client(settings).generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": self.key}, ExpiresIn=60))
+        self.base = f"{address.scheme}://{address.netloc}"
+        self.path = address.path
+        scope = parse_qs(address.query).get("X-Amz-Credential", ["////"])[0].split("/")
+        self.signer = Signer(scope[2] or "us-east-1", scope[3] or "s3")
 
     def _lookup(self) -> tuple[int, str]:
         _, botocore = _boto3()
@@ -130,22 +182,24 @@ class S3Object(RemoteObject):
             pass
         return exc
 
-    def _get(self, offset: int, n: int) -> bytes:
-        _, botocore = _boto3()
+    def _get_into(self, offset: int, buffer: memoryview) -> None:
+        here = store(self.settings)
+        endpoint = here.endpoint(self.base)
+        headers = {"Host": endpoint.host, "If-Match": self.etag}
+        found = here.credentials()
+        if found is not None:
+            headers.update(self.signer.headers(endpoint.host, self.path, found.access_key, found.secret_key,
+                                               found.token))
         try:
-            answer = client(self.settings).get_object(
-                Bucket=self.bucket, Key=self.key, Range=f"bytes={offset}-{offset + n - 1}",
-                IfMatch=self.etag)
-            return answer["Body"].read()
-        except botocore.exceptions.ClientError as exc:
-            code = _code(exc)
-            if code in ("PreconditionFailed", "412"):
-                raise Changed() from None
-            failure = Permanent if code in ("403", "AccessDenied", "404", "NoSuchKey", "NoSuchBucket",
-                                            "InvalidRange") else Transient
-            raise failure(f"{code}: {short(exc)}") from None
-        except (botocore.exceptions.BotoCoreError, OSError) as exc:
-            raise Transient(short(exc)) from None  # a cut connection, a timeout, a broken body
+            status, code, _ = endpoint.get_range(self.path, headers, offset, buffer, self.settings.request_timeout)
+        except (BadAnswer, OSError) as exc:  # a wrong range, a cut connection, the deadline
+            raise Transient(short(exc)) from None
+        if status == 206:
+            return
+        if status == 412 or code == "PreconditionFailed":
+            raise Changed()
+        failure = Permanent if status in (400, 401, 403, 404, 416) else Transient
+        raise failure(f"{code} (HTTP {status})")
 
 
 # S3's answers to credentials that were valid once: an expired or revoked session token
