@@ -65,8 +65,12 @@ class FaultProxy:
     """An HTTP proxy on 127.0.0.1 in front of `target`. Set a fault and how many
     requests it hits (GETs of object bytes only, unless `every` is set; with
     `period` n, every n-th of those):
-    fault = "503" | "500" | "cut" | "truncate" | "deny" | None; `down` refuses
-    every connection; `delay` (seconds) before each request."""
+    fault = "503" | "500" | "cut" | "truncate" | "deny" | "shift" (a 206 of the range
+    two bytes on, of the same length, with its own honest Content-Range) | "hang"
+    (the request is taken and never answered, until `release()`) | "trickle" (the
+    headers, then the body at a byte a second) | None; `down` refuses every
+    connection; `delay` (seconds) before each request. `connections` counts the
+    connections made to it."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
@@ -82,6 +86,8 @@ class FaultProxy:
         self.ranged_bytes = 0  # body bytes of the answers to ranged GETs
         self.ranges: list[tuple[str, str]] | None = None  # (path, Range) of each ranged GET, when a list
         self.injected = 0
+        self.connections = 0
+        self._released = threading.Event()
         self._lock = threading.Lock()
         proxy = self
 
@@ -96,6 +102,8 @@ class FaultProxy:
                 if proxy.down:
                     self.connection.close()
                     return
+                with proxy._lock:
+                    proxy.connections += 1
                 super().handle()
 
             def _any(self) -> None:
@@ -114,9 +122,16 @@ class FaultProxy:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def inject(self, fault: str | None, count: int = 1, every: bool = False, period: int = 1) -> None:
+        if fault in ("hang", "trickle"):
+            self._released.clear()
         with self._lock:
             self.fault, self.remaining, self.every, self.period = fault, count, every, period
             self._matching = 0
+
+    def release(self) -> None:
+        """End the fault, and let every hung request go (each connection is closed)."""
+        self.inject(None)
+        self._released.set()
 
     def _take_fault(self, ranged: bool) -> str | None:
         with self._lock:
@@ -137,6 +152,14 @@ class FaultProxy:
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
         fault = self._take_fault(h.command == "GET" and "Range" in h.headers)
+        if fault == "hang":
+            self._released.wait(600)
+            h.close_connection = True
+            return
+        if fault == "shift":
+            first, _, last = h.headers["Range"].removeprefix("bytes=").partition("-")
+            del h.headers["Range"]
+            h.headers["Range"] = f"bytes={int(first) + 2}-{int(last) + 2}"
         if fault == "cut" or self.down:
             h.close_connection = True
             with contextlib.suppress(OSError):
@@ -180,6 +203,17 @@ class FaultProxy:
             h.close_connection = True
             with contextlib.suppress(OSError):
                 h.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if fault == "trickle":
+            for i in range(len(data)):
+                if self._released.wait(1.0):
+                    break
+                try:
+                    h.wfile.write(data[i:i + 1])
+                    h.wfile.flush()
+                except OSError:
+                    break
+            h.close_connection = True
             return
         h.wfile.write(data)
         if h.command == "GET" and "Range" in h.headers:

@@ -71,7 +71,7 @@ class StoreDown:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.since: str | None = None  # when it went down (a clock time for the message)
-        self.reason = ""
+        self.reason = ""  # the last failure of the request that found it down
         self.probes = 0
 
     def check(self, url: str, offset: int, end: int) -> None:
@@ -85,7 +85,7 @@ class StoreDown:
             if self.since is not None:
                 return
             self.since, self.reason = time.strftime("%H:%M:%S"), reason
-        log.warning("%s: the store does not answer (%s); reads fail at once until it does", obj.url, reason)
+        # no line of its own: each read it fails says so in its own line
         threading.Thread(target=self._probe, args=(obj,), name="mmfs-store-probe", daemon=True).start()
 
     def _probe(self, obj: RemoteObject) -> None:
@@ -101,7 +101,19 @@ class StoreDown:
             break
         with self._lock:
             self.since = None
-        log.warning("%s: the store answers again; reads go on", obj.url)
+        log.info("%s: the store answers again; reads go on", obj.url)
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before attempt `attempt` (1, 2, ...), jitter left out."""
+    return min(BACKOFF_MAX, 0.05 * 2 ** attempt)
+
+
+def longest_wait(settings: StorageSettings) -> float:
+    """The longest a request (so a read) waits for the store before it fails:
+    every attempt to its deadline, every backoff at its jitter's longest."""
+    return (settings.retries + 1) * settings.request_timeout + sum(
+        1.5 * backoff(a) for a in range(1, settings.retries + 1))
 
 
 _DOWN: dict[tuple, StoreDown] = {}
@@ -147,7 +159,7 @@ class RemoteObject:
         last = ""
         for attempt in range(attempts):
             if attempt:
-                time.sleep(min(BACKOFF_MAX, 0.05 * 2 ** attempt) * (0.5 + random.random()))
+                time.sleep(backoff(attempt) * (0.5 + random.random()))
                 down.check(self.url, offset, end)  # another request found it down meanwhile
                 self.retried += 1
             self.requests += 1
