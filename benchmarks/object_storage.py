@@ -3,6 +3,7 @@ S3 reader, and against the server's ceiling.
 
     PYTHONPATH=. python benchmarks/object_storage.py [--data DIR] [--gib 2.1]
         [--delay 0.02] [-n 200] [--megatron-n 25] [--chunks 268435456,16777216,1048576,65536,16384]
+        [--ranks 1,8] [--cache-limit BYTES] [--tree LABEL=PATH ...] [--skip-megatron]
 
 The bucket is served by localbucket (PyPI; a bucket is a folder and a ranged GET
 reads only its range, so it costs the same on a large object as on a small one:
@@ -12,9 +13,14 @@ region's first-byte latency) and counts requests and bytes. The dataset is a
 uint16 .bin of `--gib` GiB (written once into `--data`), read as GPT samples of
 sequence_length 4096; rank 0 of data_parallel_size 8, micro_batch_size 4.
 
-- mmfs: `mmfs mount` of a config whose dataset is s3://bench/big; rank 000's
-  micro-batch files read in order (`-n` of them). Samples/s, bytes fetched ÷
-  bytes served, requests, the daemon's peak RSS, the cache folder's size.
+- mmfs: `mmfs mount` of a config whose dataset is s3://bench/big, `cache_limit` a
+  quarter of the dataset unless `--cache-limit`; for each count of `--ranks`, a
+  fresh mount whose ranks 000, 001, ... each read their first `-n` micro-batch
+  files in order, a thread per rank. Samples/s, how far apart the first and last
+  rank finished, bytes fetched ÷ bytes served, requests, connections made, the
+  daemon's CPU seconds per GET and per 1,000 samples, its peak RSS, the cache
+  folder's size. `--tree LABEL=PATH` mounts with the mmfs of another source tree
+  too (an earlier commit's, with its compiled core), in turn, for ratios in one run.
 - the ceiling: the very byte ranges mmfs fetched, fetched again by a plain boto3
   client with as many connections as mmfs's max_requests.
 - megatron-core 0.19.2: its GPTDataset over the same s3:// prefix (the .idx
@@ -132,14 +138,31 @@ def mmfs_cli(*args: str, env: dict) -> subprocess.CompletedProcess:
     return done
 
 
-def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (every thread)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, cache_limit: int = 0,
+             tree: Path = ROOT, label: str = "") -> dict:
+    """Mount (mmfs from `tree`), read the first `n` micro-batch files of ranks 0..ranks-1,
+    a thread per rank, and measure."""
+    work = work / f"mmfs-{label}-{ranks}"
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**env, "PYTHONPATH": str(tree) + os.pathsep + env.get("PYTHONPATH", "")}
     config = work / "s3.yaml"
     cache = work / "storage"
+    storage = {"endpoint_url": proxy.url, "cache_dir": str(cache)}
+    if cache_limit:
+        storage["cache_limit"] = cache_limit
+        storage["prefetch"] = min(64 << 20, cache_limit // 2)
     config.write_text(json.dumps({
         "datasets": [{"path": f"s3://{BUCKET}/{KEY}"}], "split": "100,0,0", "sequence_length": SEQ,
         "tokenizer": {"eod": 0, "pad": None}, "cache_dir": str(work / "indices"),
         "training": {"data_parallel_size": DP, "micro_batch_size": MBS},
-        "storage": {"endpoint_url": proxy.url, "cache_dir": str(cache)}}))
+        "storage": storage}))
     t0 = time.perf_counter()
     mmfs_cli("build", config, env=env)
     built = time.perf_counter() - t0
@@ -150,24 +173,38 @@ def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict) -> dict:
     mounted = time.perf_counter() - t0
     pid = int(re.search(r"daemon pid (\d+)", out).group(1))
     try:
-        rank = mnt / "train" / "ranks" / "000"
-        names = sorted(os.listdir(rank))[:n]
         proxy.ranges, proxy.ranged_gets, proxy.ranged_bytes = [], 0, 0
-        served = 0
+        connections = proxy.connections
+        firsts: dict[int, bytes] = {}
+        took: dict[int, float] = {}
+
+        def read_rank(r: int) -> int:
+            rank = mnt / "train" / "ranks" / f"{r:03d}"
+            served, start = 0, time.perf_counter()
+            for name in sorted(os.listdir(rank))[:n]:
+                data = (rank / name).read_bytes()
+                firsts.setdefault(r, data)
+                served += len(data)
+            took[r] = time.perf_counter() - start
+            return served
+
+        cpu0 = cpu_seconds(pid)
         t0 = time.perf_counter()
-        first = None
-        for name in names:
-            data = (rank / name).read_bytes()
-            first = data if first is None else first
-            served += len(data)
+        with concurrent.futures.ThreadPoolExecutor(ranks) as pool:
+            served = sum(pool.map(read_rank, range(ranks)))
         seconds = time.perf_counter() - t0
+        cpu = cpu_seconds(pid) - cpu0
         time.sleep(1)  # the prefetcher's requests in flight land in the counts
-        result = {"build_s": built, "mount_s": mounted, "microbatches": len(names), "seconds": seconds,
-                  "samples_per_s": len(names) * MBS / seconds, "served_bytes": served,
+        samples = n * ranks * MBS
+        result = {"build_s": built, "mount_s": mounted, "microbatches": n * ranks, "seconds": seconds,
+                  "samples_per_s": samples / seconds, "served_bytes": served,
                   "requests": proxy.ranged_gets, "fetched_bytes": proxy.ranged_bytes,
-                  "rss_peak": rss_peak(pid), "cache_bytes": disk_bytes(cache)}
+                  "rss_peak": rss_peak(pid), "cache_bytes": disk_bytes(cache), "cpu_s": cpu,
+                  "cpu_per_get_ms": 1000 * cpu / max(1, proxy.ranged_gets),
+                  "cpu_per_1000_samples": 1000 * cpu / samples, "connections": proxy.connections - connections,
+                  "spread": (max(took.values()) - min(took.values())) / max(took.values())}
         result["fetched_per_served"] = result["fetched_bytes"] / served
-        result["first"] = np.frombuffer(first, dtype=np.uint16)
+        result["first"] = np.frombuffer(firsts[0], dtype=np.uint16)
         result["ranges"] = list(proxy.ranges)
         proxy.ranges = None
         return result
@@ -175,6 +212,17 @@ def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict) -> dict:
         subprocess.run(["fusermount", "-u", str(mnt)], check=False)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+
+
+def print_mmfs(name: str, m: dict) -> None:
+    print(f"{name}: index built in {m['build_s']:.1f} s, mounted in {m['mount_s']:.2f} s; "
+          f"{m['microbatches']} micro-batch files in {m['seconds']:.2f} s: {m['samples_per_s']:,.0f} samples/s "
+          f"(first and last rank {100 * m['spread']:.0f} % apart)")
+    print(f"  {m['requests']} requests, fetched {m['fetched_bytes'] / 1e6:.1f} MB for "
+          f"{m['served_bytes'] / 1e6:.1f} MB served: {m['fetched_per_served']:.3f}; daemon CPU "
+          f"{m['cpu_s']:.2f} s: {m['cpu_per_get_ms']:.2f} ms per GET, {m['cpu_per_1000_samples']:.2f} s per "
+          f"1,000 samples; peak RSS {m['rss_peak'] / 1e6:.0f} MB; cache folder {m['cache_bytes'] / 1e6:.1f} MB; "
+          f"{m['connections']} connections", flush=True)
 
 
 def run_ceiling(proxy: FaultProxy, ranges: list[tuple[str, str]], connections: int, work: Path) -> float:
@@ -243,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--megatron-n", type=int, default=25, help="micro-batches per megatron-core run")
     parser.add_argument("--chunks", default=f"{256 << 20},{16 << 20},{1 << 20},{64 << 10},{16 << 10}")
     parser.add_argument("--max-requests", type=int, default=16)
+    parser.add_argument("--ranks", default="1,8", help="ranks read at once through one mount, each count in turn")
+    parser.add_argument("--cache-limit", type=int, default=0, help="bytes (default: a quarter of the dataset)")
+    parser.add_argument("--tree", action="append", default=[],
+                        help="LABEL=PATH: also mount with the mmfs of another source tree (an earlier commit's)")
+    parser.add_argument("--skip-megatron", action="store_true")
     parser.add_argument("--replay", help=argparse.SUPPRESS)  # the ceiling's own process
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -272,17 +325,29 @@ def main(argv: list[str] | None = None) -> int:
         proxy = FaultProxy(port)
         proxy.delay = args.delay
         env["AWS_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL"] = proxy.url
-        m = run_mmfs(work, proxy, args.n, env)
-        print(f"mmfs: index built in {m['build_s']:.1f} s, mounted in {m['mount_s']:.1f} s; "
-              f"{m['microbatches']} micro-batch files in {m['seconds']:.2f} s: {m['samples_per_s']:,.0f} samples/s")
-        print(f"  {m['requests']} requests, fetched {m['fetched_bytes'] / 1e6:.1f} MB for "
-              f"{m['served_bytes'] / 1e6:.1f} MB served: {m['fetched_per_served']:.3f}; daemon peak RSS "
-              f"{m['rss_peak'] / 1e6:.0f} MB; cache folder {m['cache_bytes'] / 1e6:.1f} MB")
+        limit = args.cache_limit or bin_size // 4
+        print(f"cache_limit {limit / (1 << 20):.0f} MiB ({bin_size / limit:.1f}x under the dataset)")
+        trees = [("this", ROOT)] + [(t.split("=", 1)[0], Path(t.split("=", 1)[1])) for t in args.tree]
+        results = {}
+        for ranks in (int(r) for r in args.ranks.split(",")):
+            for label, tree in trees:
+                results[label, ranks] = r = run_mmfs(work, proxy, args.n, env, ranks, limit, tree, label)
+                print_mmfs(f"mmfs ({label}), {ranks} rank(s) through one mount", r)
+            for label, _ in trees[1:]:
+                this, other = results["this", ranks], results[label, ranks]
+                print(f"  this / {label}, {ranks} rank(s): samples/s "
+                      f"{this['samples_per_s'] / other['samples_per_s']:.2f}x, daemon CPU per GET "
+                      f"{this['cpu_per_get_ms'] / other['cpu_per_get_ms']:.2f}x")
+        m = next(iter(results.values()))
+        if m["microbatches"] != args.n:
+            return 0
         ceiling_s = run_ceiling(proxy, m["ranges"], args.max_requests, work)
         ceiling = m["microbatches"] * MBS / ceiling_s
         print(f"ceiling: the same {len(m['ranges'])} ranges by boto3 with {args.max_requests} connections "
               f"in {ceiling_s:.2f} s: {ceiling:,.0f} samples/s; mmfs / ceiling {m['samples_per_s'] / ceiling:.2f}")
         try:
+            if args.skip_megatron:
+                raise ImportError
             import megatron.core  # noqa: F401
             import torch  # noqa: F401
         except ImportError:
@@ -292,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         for chunk in (int(c) for c in args.chunks.split(",")):
             before = proxy.ranged_bytes
-            r = run_megatron(work / "s3.yaml", work, chunk, args.megatron_n, m["first"])
+            r = run_megatron(work / "mmfs-this-1" / "s3.yaml", work, chunk, args.megatron_n, m["first"])
             r["fetched_bytes"] = proxy.ranged_bytes - before
             runs.append(r)
             print(f"megatron-core, bin_chunk_nbytes {chunk:,}: {r['microbatches']} micro-batches in "

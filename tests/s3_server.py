@@ -68,7 +68,8 @@ class FaultProxy:
     fault = "503" | "500" | "cut" | "truncate" | "deny" | "shift" (a 206 of the range
     two bytes on, of the same length, with its own honest Content-Range) | "hang"
     (the request is taken and never answered, until `release()`) | "trickle" (the
-    headers, then the body at a byte a second) | None; `down` refuses every
+    headers, then the body at a byte a second) | "flip" (a byte of the body changed) |
+    None; with `match`, only requests whose path holds it; `down` refuses every
     connection; `delay` (seconds) before each request. `connections` counts the
     connections made to it."""
 
@@ -85,8 +86,10 @@ class FaultProxy:
         self.ranged_gets = 0
         self.ranged_bytes = 0  # body bytes of the answers to ranged GETs
         self.ranges: list[tuple[str, str]] | None = None  # (path, Range) of each ranged GET, when a list
+        self.seen: list[tuple[str, str, str]] | None = None  # (method, path, Range) of every request, when a list
         self.injected = 0
         self.connections = 0
+        self.match: str | None = None
         self._released = threading.Event()
         self._lock = threading.Lock()
         proxy = self
@@ -133,11 +136,14 @@ class FaultProxy:
         self.inject(None)
         self._released.set()
 
-    def _take_fault(self, ranged: bool) -> str | None:
+    def _take_fault(self, h: BaseHTTPRequestHandler, ranged: bool) -> str | None:
         with self._lock:
+            if self.seen is not None:
+                self.seen.append((h.command, h.path, h.headers.get("Range", "")))
             self.requests += 1
             self.ranged_gets += ranged
-            if self.fault and self.remaining > 0 and (ranged or self.every):
+            hit = self.match is None or self.match in h.path
+            if self.fault and self.remaining > 0 and (ranged or self.every) and hit:
                 self._matching += 1
                 if self._matching % self.period:
                     return None
@@ -151,7 +157,7 @@ class FaultProxy:
             time.sleep(self.delay)
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
-        fault = self._take_fault(h.command == "GET" and "Range" in h.headers)
+        fault = self._take_fault(h, h.command == "GET" and "Range" in h.headers)
         if fault == "hang":
             self._released.wait(600)
             h.close_connection = True
@@ -204,6 +210,8 @@ class FaultProxy:
             with contextlib.suppress(OSError):
                 h.connection.shutdown(socket.SHUT_RDWR)
             return
+        if fault == "flip" and data:
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
         if fault == "trickle":
             for i in range(len(data)):
                 if self._released.wait(1.0):

@@ -22,7 +22,7 @@ from test_s3 import proxy, server, write_configs  # noqa: E402, F401 - the fixtu
 
 from mmfs.storage.remote import longest_wait  # noqa: E402
 from mmfs.storage.settings import StorageSettings  # noqa: E402
-from mount_fixtures import mounted  # noqa: E402
+from mount_fixtures import mmfs, mounted  # noqa: E402
 
 FAST = {"prefetch": 0, "retries": 1, "request_timeout": 1}  # a short bound: 2 attempts of 1 s
 SLACK = 5.0  # seconds past the documented bound for a loaded machine (FUSE, the kernel's retry)
@@ -177,3 +177,37 @@ def test_eight_readers_never_make_the_pool_discard_a_connection(tmp_path, proxy)
         # every connection the daemon opened stayed in its pool: never more than the
         # requests that can be in flight (a pool that discards opens one per request)
         assert proxy.connections <= 2 * max_requests + 16 + 4  # (+ the lookups' own, by boto3)
+
+
+def test_a_remount_asks_one_head_per_object(tmp_path, proxy):  # noqa: F811 - the fixture
+    """With the index copies current, a mount looks each object up once (a HEAD:
+    its ETag says the copy is current) and fetches nothing else before a read."""
+    local, s3 = write_configs("p2_blend2_u16", tmp_path, proxy.url)
+    with mounted(s3, tmp_path / "first"):
+        pass
+    proxy.seen = []
+    with mounted(s3, tmp_path / "again") as b:
+        seen = list(proxy.seen)
+        assert sorted(os.listdir(samples(b)))
+    proxy.seen = None
+    objects = [f"/golden/data/{name}{ext}" for name in ("u16_docs", "u16_small") for ext in (".idx", ".bin")]
+    assert sorted(seen) == sorted(("HEAD", path, "") for path in objects)
+
+
+def test_an_index_copy_is_checked_against_the_stores_checksum(tmp_path, proxy):  # noqa: F811 - the fixture
+    """moto keeps the CRC32 boto3 sends with every upload: a copy of an .idx whose
+    bytes changed on the way (right length) is fetched again, and refused if it
+    changes again, in one line."""
+    local, s3 = write_configs("p1_single_u16", tmp_path, proxy.url)
+    proxy.match = ".idx"
+    proxy.inject("flip", count=1)
+    assert mmfs("build", s3, timeout=120).returncode == 0
+    assert proxy.injected == 1
+    [copy] = (tmp_path / "storage" / "objects").glob("*-u16_docs.idx")
+    assert copy.read_bytes() == (tmp_path / "data" / "u16_docs.idx").read_bytes()
+    copy.unlink()
+    proxy.inject("flip", count=10_000)
+    failed = mmfs("build", s3, timeout=120)
+    assert failed.returncode == 2 and len(failed.stderr.strip().splitlines()) == 1, failed.stderr
+    assert "CRC32 checksum" in failed.stderr
+    assert not list((tmp_path / "storage" / "objects").glob("*-u16_docs.idx*"))

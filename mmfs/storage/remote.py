@@ -19,13 +19,16 @@ store for a byte every PROBE_SECONDS until it answers; then fetches go on.
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
+import hashlib
 import logging
 import os
 import random
 import shutil
 import threading
 import time
+import zlib
 from typing import Any, Callable
 
 from mmfs.processes import pid_alive
@@ -132,6 +135,9 @@ class RemoteObject:
 
     # whether fetch asks again itself (False: the backend's client does, counted there)
     asks_again = True
+    # the store's checksum of the whole object, when it gives one we can check:
+    # ("CRC32" | "SHA1" | "SHA256", base64 of the digest); set by _lookup
+    checksum: tuple[str, str] | None = None
 
     def __init__(self, url: str, settings: StorageSettings) -> None:
         self.url = url
@@ -249,23 +255,41 @@ class LocalCopy(FileSource):
         self.identity = obj.identity
 
 
-def local_copy(obj: RemoteObject) -> LocalCopy:
-    """The object as a file in `<cache>/objects/`, downloaded once per URL and ETag
-    (written under a temporary name, then renamed: processes may share the folder)."""
+def kept_copy(obj: RemoteObject) -> LocalCopy | None:
+    """The object's local copy if one of this URL and ETag is there already."""
     path = copy_path(obj.url, obj.identity)
-    folder = os.path.dirname(path)
     with contextlib.suppress(OSError):
         if os.path.getsize(path) == obj.size:
             return LocalCopy(path, obj)
+    return None
+
+
+def local_copy(obj: RemoteObject) -> LocalCopy:
+    """The object as a file in `<cache>/objects/`, downloaded once per URL and ETag
+    (written under a temporary name, then renamed: processes may share the folder)."""
+    kept = kept_copy(obj)
+    if kept is not None:
+        return kept
+    path = copy_path(obj.url, obj.identity)
+    folder = os.path.dirname(path)
     tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
     try:
         os.makedirs(folder, exist_ok=True)
-        with open(tmp, "wb") as f:
-            chunk = 8 << 20
-            for at in range(0, obj.size, chunk):
-                buf = bytearray(min(chunk, obj.size - at))
-                obj.fetch(at, memoryview(buf))
-                f.write(buf)
+        for attempt in range(2):  # a copy whose checksum is not the store's: once more
+            digest = _Digest(obj.checksum)
+            with open(tmp, "wb") as f:
+                chunk = 8 << 20
+                for at in range(0, obj.size, chunk):
+                    buf = bytearray(min(chunk, obj.size - at))
+                    obj.fetch(at, memoryview(buf))
+                    digest.update(buf)
+                    f.write(buf)
+            if digest.matches():
+                break
+            os.unlink(tmp)
+            if attempt:
+                raise StorageError(f"{obj.url}: the bytes fetched twice do not have the store's "
+                                   f"{obj.checksum[0]} checksum; check the network path to the store")
         os.replace(tmp, path)
     except OSError as exc:
         with contextlib.suppress(OSError):
@@ -277,22 +301,50 @@ def local_copy(obj: RemoteObject) -> LocalCopy:
     return LocalCopy(path, obj)
 
 
+class _Digest:
+    """The checksum of bytes as they come, against the store's (None: nothing to check)."""
+
+    def __init__(self, checksum: tuple[str, str] | None) -> None:
+        self.checksum = checksum
+        self.crc = 0
+        self.hash = hashlib.new(checksum[0].lower()) if checksum and checksum[0] != "CRC32" else None
+
+    def update(self, data: bytes | bytearray) -> None:
+        if self.hash is not None:
+            self.hash.update(data)
+        elif self.checksum:
+            self.crc = zlib.crc32(data, self.crc)
+
+    def matches(self) -> bool:
+        if not self.checksum:
+            return True
+        digest = self.hash.digest() if self.hash is not None else self.crc.to_bytes(4, "big")
+        return base64.b64encode(digest).decode() == self.checksum[1]
+
+
 _OPENED: dict[tuple[str, bool, StorageSettings], Any] = {}
+_LOOKED_UP: dict[tuple[str, StorageSettings], RemoteObject] = {}
 _OPENED_LOCK = threading.Lock()
 
 
 def register_backend(scheme: str, make_object: Callable[[str, StorageSettings], RemoteObject]) -> None:
     """Make `scheme://` URLs openable: each is looked up once per process and
-    settings; `whole=True` (an index file) gives a local copy."""
+    settings (one HEAD); `whole=True` (an index file) gives a local copy, and so
+    does a ranged open of an object whose current copy is kept already (its first
+    bytes are read from disk, not fetched)."""
 
     def open_remote(url: str, whole: bool = False, **_options) -> Any:
         settings = current()
         key = (url, whole, settings)
         with _OPENED_LOCK:
             source = _OPENED.get(key)
+            obj = _LOOKED_UP.get((url, settings))
         if source is None:
-            obj = make_object(url, settings)
-            source = local_copy(obj) if whole else RemoteSource(obj)
+            if obj is None:
+                obj = make_object(url, settings)
+                with _OPENED_LOCK:
+                    obj = _LOOKED_UP.setdefault((url, settings), obj)
+            source = local_copy(obj) if whole else (kept_copy(obj) or RemoteSource(obj))
             with _OPENED_LOCK:
                 source = _OPENED.setdefault(key, source)
         return source

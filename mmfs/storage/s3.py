@@ -62,11 +62,32 @@ class Store:
     fetch path's connections, deadlines and credentials."""
 
     settings: StorageSettings
-    session: Any
-    client: Any
     deadlines: Deadlines = field(default_factory=Deadlines)
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    _session: Any = None
+    _client: Any = None
+
+    @property
+    def session(self) -> Any:
+        with self.lock:
+            if self._session is None:
+                boto3, botocore = _boto3()
+                try:
+                    self._session = boto3.session.Session()
+                except botocore.exceptions.BotoCoreError as exc:  # a malformed profile, say
+                    raise _setup_failed(exc) from None
+            return self._session
+
+    @property
+    def client(self) -> Any:
+        """boto3's client (made on first use: a mount daemon that only fetches never
+        needs one, and making it costs a fraction of a second)."""
+        session = self.session
+        with self.lock:
+            if self._client is None:
+                self._client = _make_client(session, self.settings)
+            return self._client
 
     def endpoint(self, base: str) -> Endpoint:
         with self.lock:
@@ -96,7 +117,7 @@ def store(settings: StorageSettings) -> Store:
     with _STORES_LOCK:
         made = _STORES.get(key)
         if made is None:
-            made = _STORES[key] = _make_store(settings)
+            made = _STORES[key] = Store(settings)
         return made
 
 
@@ -104,8 +125,8 @@ def client(settings: StorageSettings) -> Any:
     return store(settings).client
 
 
-def _make_store(settings: StorageSettings) -> Store:
-    boto3, botocore = _boto3()
+def _make_client(session: Any, settings: StorageSettings) -> Any:
+    _, botocore = _boto3()
     from_env = environment_endpoint()
     if from_env and not settings.endpoint_url and endpoint_problem(from_env[1]):  # botocore would trace back
         raise StorageUnavailable(f"{from_env[0]}: {shown_url(from_env[1])!r} {endpoint_problem(from_env[1])}")
@@ -118,13 +139,15 @@ def _make_store(settings: StorageSettings) -> Store:
     if settings.anonymous:
         options["signature_version"] = botocore.UNSIGNED
     try:
-        session = boto3.session.Session()
-        made = session.client("s3", endpoint_url=settings.endpoint_url, region_name=settings.region,
+        return session.client("s3", endpoint_url=settings.endpoint_url, region_name=settings.region,
                               config=botocore.config.Config(**options))
-        return Store(settings, session, made)
     except botocore.exceptions.BotoCoreError as exc:  # a malformed profile, say
-        raise StorageUnavailable(f"cannot set up the S3 client ({short(exc)}); check "
-                                 "AWS_PROFILE and ~/.aws/config") from None
+        raise _setup_failed(exc) from None
+
+
+def _setup_failed(exc: BaseException) -> StorageUnavailable:
+    return StorageUnavailable(f"cannot set up the S3 client ({short(exc)}); check "
+                              "AWS_PROFILE and ~/.aws/config")
 
 
 def _code(exc: BaseException) -> str:
@@ -150,7 +173,8 @@ class S3Object(RemoteObject):
     def _lookup(self) -> tuple[int, str]:
         _, botocore = _boto3()
         try:
-            meta = client(self.settings).head_object(Bucket=self.bucket, Key=self.key)
+            meta = client(self.settings).head_object(Bucket=self.bucket, Key=self.key, ChecksumMode="ENABLED")
+            self.checksum = _whole_checksum(meta)
             return int(meta["ContentLength"]), meta.get("ETag") or ""
         except botocore.exceptions.ClientError as exc:
             if _code(exc) == "400":  # a HEAD's answer has no body: ask a byte to learn why
@@ -186,7 +210,10 @@ class S3Object(RemoteObject):
         here = store(self.settings)
         endpoint = here.endpoint(self.base)
         headers = {"Host": endpoint.host, "If-Match": self.etag}
-        found = here.credentials()
+        try:
+            found = here.credentials()
+        except Exception as exc:  # a refresh that failed (an instance role unreachable, say)
+            raise Transient(f"no credentials: {short(exc)}") from None
         if found is not None:
             headers.update(self.signer.headers(endpoint.host, self.path, found.access_key, found.secret_key,
                                                found.token))
@@ -204,6 +231,19 @@ class S3Object(RemoteObject):
 
 # S3's answers to credentials that were valid once: an expired or revoked session token
 EXPIRED = ("ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired", "InvalidToken", "RequestExpired")
+
+
+def _whole_checksum(meta: dict) -> tuple[str, str] | None:
+    """The object's checksum of its whole bytes that a HEAD gave, of a kind the
+    standard library computes (CRC32C and CRC64NVME are not checked), or None. A
+    checksum of parts (a multipart upload's, "...-N") is not the bytes'."""
+    if meta.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+        return None
+    for kind in ("SHA256", "SHA1", "CRC32"):
+        value = meta.get(f"Checksum{kind}")
+        if value and "-" not in value:
+            return kind, value
+    return None
 
 
 def _unavailable(url: str, exc: BaseException) -> StorageUnavailable:
