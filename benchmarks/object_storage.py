@@ -3,7 +3,7 @@ S3 reader, and against the server's ceiling.
 
     PYTHONPATH=. python benchmarks/object_storage.py [--data DIR] [--gib 2.1]
         [--delay 0.02] [-n 200] [--megatron-n 25] [--chunks 268435456,16777216,1048576,65536,16384]
-        [--ranks 1,8] [--cache-limit BYTES] [--tree LABEL=PATH ...] [--skip-megatron]
+        [--ranks 1,8] [--cache-limit BYTES] [--tree LABEL=PATH ...] [--rounds 1] [--skip-megatron]
 
 The bucket is served by localbucket (PyPI; a bucket is a folder and a ranged GET
 reads only its range, so it costs the same on a large object as on a small one:
@@ -88,7 +88,9 @@ def localbucket(root: Path):
     port = free_port()
     # TCP_NODELAY: its headers and body go out in two writes, and Nagle's algorithm
     # would hold the body for the client's delayed ACK (40 ms a request)
-    launch = ("import sys, localbucket; localbucket.S3Handler.disable_nagle_algorithm = True; "
+    # and a listen backlog for bursts of new connections (5: a SYN dropped, resent after 1 s)
+    launch = ("import sys, http.server, localbucket; localbucket.S3Handler.disable_nagle_algorithm = True; "
+              "http.server.ThreadingHTTPServer.request_queue_size = 128; "
               "sys.argv[0] = 'localbucket'; localbucket.main()")
     proc = subprocess.Popen([sys.executable, "-c", launch, str(root), "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -130,9 +132,10 @@ def disk_bytes(folder: Path) -> int:
     return sum(os.stat(os.path.join(d, n)).st_blocks * 512 for d, _, ns in os.walk(folder) for n in ns)
 
 
-def mmfs_cli(*args: str, env: dict) -> subprocess.CompletedProcess:
+def mmfs_cli(*args: str, env: dict, tree: Path = ROOT) -> subprocess.CompletedProcess:
+    # run in the tree: `python -m` puts the working folder first on the path
     done = subprocess.run([sys.executable, "-m", "mmfs.cli", *map(str, args)], capture_output=True,
-                          text=True, env=env)
+                          text=True, env=env, cwd=tree)
     if done.returncode:
         raise SystemExit(f"mmfs {args[0]} failed: {done.stderr.strip()}")
     return done
@@ -164,12 +167,12 @@ def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, c
         "training": {"data_parallel_size": DP, "micro_batch_size": MBS},
         "storage": storage}))
     t0 = time.perf_counter()
-    mmfs_cli("build", config, env=env)
+    mmfs_cli("build", config, env=env, tree=tree)
     built = time.perf_counter() - t0
     mnt = work / "mnt"
     mnt.mkdir(exist_ok=True)
     t0 = time.perf_counter()
-    out = mmfs_cli("mount", config, mnt, "--log", work / "mount.log", env=env).stdout
+    out = mmfs_cli("mount", config, mnt, "--log", work / "mount.log", env=env, tree=tree).stdout
     mounted = time.perf_counter() - t0
     pid = int(re.search(r"daemon pid (\d+)", out).group(1))
     try:
@@ -177,12 +180,15 @@ def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, c
         connections = proxy.connections
         firsts: dict[int, bytes] = {}
         took: dict[int, float] = {}
+        reads: list[float] = []
 
         def read_rank(r: int) -> int:
             rank = mnt / "train" / "ranks" / f"{r:03d}"
             served, start = 0, time.perf_counter()
             for name in sorted(os.listdir(rank))[:n]:
+                t = time.perf_counter()
                 data = (rank / name).read_bytes()
+                reads.append(time.perf_counter() - t)
                 firsts.setdefault(r, data)
                 served += len(data)
             took[r] = time.perf_counter() - start
@@ -202,7 +208,8 @@ def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, c
                   "rss_peak": rss_peak(pid), "cache_bytes": disk_bytes(cache), "cpu_s": cpu,
                   "cpu_per_get_ms": 1000 * cpu / max(1, proxy.ranged_gets),
                   "cpu_per_1000_samples": 1000 * cpu / samples, "connections": proxy.connections - connections,
-                  "spread": (max(took.values()) - min(took.values())) / max(took.values())}
+                  "spread": (max(took.values()) - min(took.values())) / max(took.values()),
+                  "read_ms": np.percentile(reads, [50, 90, 99, 100]) * 1000}
         result["fetched_per_served"] = result["fetched_bytes"] / served
         result["first"] = np.frombuffer(firsts[0], dtype=np.uint16)
         result["ranges"] = list(proxy.ranges)
@@ -217,7 +224,8 @@ def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, c
 def print_mmfs(name: str, m: dict) -> None:
     print(f"{name}: index built in {m['build_s']:.1f} s, mounted in {m['mount_s']:.2f} s; "
           f"{m['microbatches']} micro-batch files in {m['seconds']:.2f} s: {m['samples_per_s']:,.0f} samples/s "
-          f"(first and last rank {100 * m['spread']:.0f} % apart)")
+          f"(first and last rank {100 * m['spread']:.0f} % apart); a file's read p50/p90/p99/max "
+          f"{'/'.join(f'{t:.0f}' for t in m['read_ms'])} ms")
     print(f"  {m['requests']} requests, fetched {m['fetched_bytes'] / 1e6:.1f} MB for "
           f"{m['served_bytes'] / 1e6:.1f} MB served: {m['fetched_per_served']:.3f}; daemon CPU "
           f"{m['cpu_s']:.2f} s: {m['cpu_per_get_ms']:.2f} ms per GET, {m['cpu_per_1000_samples']:.2f} s per "
@@ -295,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-limit", type=int, default=0, help="bytes (default: a quarter of the dataset)")
     parser.add_argument("--tree", action="append", default=[],
                         help="LABEL=PATH: also mount with the mmfs of another source tree (an earlier commit's)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each mount, the trees taking turns")
     parser.add_argument("--skip-megatron", action="store_true")
     parser.add_argument("--replay", help=argparse.SUPPRESS)  # the ceiling's own process
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -328,17 +337,22 @@ def main(argv: list[str] | None = None) -> int:
         limit = args.cache_limit or bin_size // 4
         print(f"cache_limit {limit / (1 << 20):.0f} MiB ({bin_size / limit:.1f}x under the dataset)")
         trees = [("this", ROOT)] + [(t.split("=", 1)[0], Path(t.split("=", 1)[1])) for t in args.tree]
-        results = {}
+        results: dict[tuple[str, int], list[dict]] = {}
         for ranks in (int(r) for r in args.ranks.split(",")):
-            for label, tree in trees:
-                results[label, ranks] = r = run_mmfs(work, proxy, args.n, env, ranks, limit, tree, label)
-                print_mmfs(f"mmfs ({label}), {ranks} rank(s) through one mount", r)
+            for turn in range(args.rounds):  # the trees take turns, in either order
+                for label, tree in trees[::-1] if turn % 2 else trees:
+                    r = run_mmfs(work, proxy, args.n, env, ranks, limit, tree, f"{label}-{turn}")
+                    results.setdefault((label, ranks), []).append(r)
+                    print_mmfs(f"mmfs ({label}), {ranks} rank(s) through one mount", r)
             for label, _ in trees[1:]:
                 this, other = results["this", ranks], results[label, ranks]
-                print(f"  this / {label}, {ranks} rank(s): samples/s "
-                      f"{this['samples_per_s'] / other['samples_per_s']:.2f}x, daemon CPU per GET "
-                      f"{this['cpu_per_get_ms'] / other['cpu_per_get_ms']:.2f}x")
-        m = next(iter(results.values()))
+
+                def mean(runs: list[dict], key: str) -> float:
+                    return sum(r[key] for r in runs) / len(runs)
+                print(f"  this / {label}, {ranks} rank(s), mean of {args.rounds}: samples/s "
+                      f"{mean(this, 'samples_per_s') / mean(other, 'samples_per_s'):.2f}x, daemon CPU per GET "
+                      f"{mean(this, 'cpu_per_get_ms') / mean(other, 'cpu_per_get_ms'):.2f}x", flush=True)
+        m = next(iter(results.values()))[0]
         if m["microbatches"] != args.n:
             return 0
         ceiling_s = run_ceiling(proxy, m["ranges"], args.max_requests, work)
@@ -357,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         for chunk in (int(c) for c in args.chunks.split(",")):
             before = proxy.ranged_bytes
-            r = run_megatron(work / "mmfs-this-1" / "s3.yaml", work, chunk, args.megatron_n, m["first"])
+            r = run_megatron(work / "mmfs-this-0-1" / "s3.yaml", work, chunk, args.megatron_n, m["first"])
             r["fetched_bytes"] = proxy.ranged_bytes - before
             runs.append(r)
             print(f"megatron-core, bin_chunk_nbytes {chunk:,}: {r['microbatches']} micro-batches in "

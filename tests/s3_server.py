@@ -115,6 +115,8 @@ class FaultProxy:
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _any
 
         class Server(ThreadingHTTPServer):
+            request_queue_size = 128  # a burst of new connections is not dropped (a SYN resent after 1 s)
+
             def handle_error(self, request, client_address) -> None:
                 pass  # a client that hung up (a daemon unmounted mid-request)
 
