@@ -4,6 +4,7 @@ S3 reader, and against the server's ceiling.
     PYTHONPATH=. python benchmarks/object_storage.py [--data DIR] [--gib 2.1]
         [--delay 0.02] [-n 200] [--megatron-n 25] [--chunks 268435456,16777216,1048576,65536,16384]
         [--ranks 1,8] [--cache-limit BYTES] [--tree LABEL=PATH ...] [--rounds 1] [--skip-megatron]
+        [--others s3fs,rclone]
 
 The bucket is served by localbucket (PyPI; a bucket is a folder and a ranged GET
 reads only its range, so it costs the same on a large object as on a small one:
@@ -21,6 +22,12 @@ sequence_length 4096; rank 0 of data_parallel_size 8, micro_batch_size 4.
   daemon's CPU seconds per GET and per 1,000 samples, its peak RSS, the cache
   folder's size. `--tree LABEL=PATH` mounts with the mmfs of another source tree
   too (an earlier commit's, with its compiled core), in turn, for ratios in one run.
+- s3fs-fuse and rclone mount (Debian's `s3fs`, `rclone`), each given the bucket
+  through the same proxy (rclone a VFS cache of `cache_limit`, full mode; s3fs no
+  disk cache, having no size bound for one), read the same way through an mmfs mount
+  of a local config whose dataset is the path in their mount: the requests, bytes and
+  CPU (theirs and the reading daemon's) of the same samples. (megatron-core reading
+  their mount would be the fairer reader; it needs torch.)
 - the ceiling: the very byte ranges mmfs fetched, fetched again by a plain boto3
   client with as many connections as mmfs's max_requests.
 - megatron-core 0.19.2: its GPTDataset over the same s3:// prefix (the .idx
@@ -149,9 +156,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, cache_limit: int = 0,
-             tree: Path = ROOT, label: str = "") -> dict:
+             tree: Path = ROOT, label: str = "", dataset: str = f"s3://{BUCKET}/{KEY}", helper: int = 0,
+             helper_cache: Path | None = None) -> dict:
     """Mount (mmfs from `tree`), read the first `n` micro-batch files of ranks 0..ranks-1,
-    a thread per rank, and measure."""
+    a thread per rank, and measure. `dataset` may be a path in another file system's
+    mount (s3fs, rclone) whose process is `helper`: its CPU is counted with the daemon's,
+    its RSS and cache folder are reported instead."""
     work = work / f"mmfs-{label}-{ranks}"
     work.mkdir(parents=True, exist_ok=True)
     env = {**env, "PYTHONPATH": str(tree) + os.pathsep + env.get("PYTHONPATH", "")}
@@ -162,7 +172,7 @@ def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, c
         storage["cache_limit"] = cache_limit
         storage["prefetch"] = min(64 << 20, cache_limit // 2)
     config.write_text(json.dumps({
-        "datasets": [{"path": f"s3://{BUCKET}/{KEY}"}], "split": "100,0,0", "sequence_length": SEQ,
+        "datasets": [{"path": dataset}], "split": "100,0,0", "sequence_length": SEQ,
         "tokenizer": {"eod": 0, "pad": None}, "cache_dir": str(work / "indices"),
         "training": {"data_parallel_size": DP, "micro_batch_size": MBS},
         "storage": storage}))
@@ -176,7 +186,7 @@ def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, c
     mounted = time.perf_counter() - t0
     pid = int(re.search(r"daemon pid (\d+)", out).group(1))
     try:
-        proxy.ranges, proxy.ranged_gets, proxy.ranged_bytes = [], 0, 0
+        proxy.ranges, proxy.ranged_gets, proxy.ranged_bytes, proxy.gets, proxy.get_bytes = [], 0, 0, 0, 0
         connections = proxy.connections
         firsts: dict[int, bytes] = {}
         took: dict[int, float] = {}
@@ -194,19 +204,20 @@ def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, c
             took[r] = time.perf_counter() - start
             return served
 
-        cpu0 = cpu_seconds(pid)
+        cpu0 = cpu_seconds(pid) + (cpu_seconds(helper) if helper else 0)
         t0 = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(ranks) as pool:
             served = sum(pool.map(read_rank, range(ranks)))
         seconds = time.perf_counter() - t0
-        cpu = cpu_seconds(pid) - cpu0
+        cpu = cpu_seconds(pid) + (cpu_seconds(helper) if helper else 0) - cpu0
         time.sleep(1)  # the prefetcher's requests in flight land in the counts
         samples = n * ranks * MBS
         result = {"build_s": built, "mount_s": mounted, "microbatches": n * ranks, "seconds": seconds,
                   "samples_per_s": samples / seconds, "served_bytes": served,
-                  "requests": proxy.ranged_gets, "fetched_bytes": proxy.ranged_bytes,
-                  "rss_peak": rss_peak(pid), "cache_bytes": disk_bytes(cache), "cpu_s": cpu,
-                  "cpu_per_get_ms": 1000 * cpu / max(1, proxy.ranged_gets),
+                  "requests": proxy.gets, "fetched_bytes": proxy.get_bytes,
+                  "rss_peak": rss_peak(helper or pid),
+                  "cache_bytes": disk_bytes(helper_cache or cache) if helper_cache or not helper else 0, "cpu_s": cpu,
+                  "cpu_per_get_ms": 1000 * cpu / max(1, proxy.gets),
                   "cpu_per_1000_samples": 1000 * cpu / samples, "connections": proxy.connections - connections,
                   "spread": (max(took.values()) - min(took.values())) / max(took.values()),
                   "read_ms": np.percentile(reads, [50, 90, 99, 100]) * 1000}
@@ -219,6 +230,47 @@ def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, c
         subprocess.run(["fusermount", "-u", str(mnt)], check=False)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def other_mount(kind: str, proxy: FaultProxy, work: Path, cache_limit: int):
+    """The bucket mounted by s3fs-fuse or rclone (Debian's), through the proxy: (mount
+    point, its process). rclone gets `cache_limit` as its VFS cache (full mode); s3fs
+    has no size bound for its disk cache, so it runs without one (ranged reads). The
+    mmfs mount that reads through it is local (no range cache): the bytes are theirs."""
+    mnt = work / f"{kind}-mnt"
+    mnt.mkdir(parents=True, exist_ok=True)
+    # (rclone's S3 backend cannot load AWS_CA_BUNDLE with its transport, and no TLS is used here)
+    env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
+    if kind == "s3fs":
+        secret = work / "s3fs.passwd"
+        secret.write_text(f"{CREDENTIALS['AWS_ACCESS_KEY_ID']}:{CREDENTIALS['AWS_SECRET_ACCESS_KEY']}\n")
+        secret.chmod(0o600)
+        argv = ["s3fs", BUCKET, str(mnt), "-f", "-o", f"url={proxy.url}", "-o", "use_path_request_style",
+                "-o", f"passwd_file={secret}", "-o", "endpoint=us-east-1", "-o", "ro"]
+    else:
+        env.update({"RCLONE_CONFIG_BENCH_TYPE": "s3", "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
+                    "RCLONE_CONFIG_BENCH_ENDPOINT": proxy.url, "RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE": "true",
+                    "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                    "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": CREDENTIALS["AWS_SECRET_ACCESS_KEY"]})
+        argv = ["rclone", "mount", f"bench:{BUCKET}", str(mnt), "--read-only", "--vfs-cache-mode", "full",
+                "--vfs-cache-max-size", str(cache_limit), "--cache-dir", str(work / f"{kind}-cache")]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            if (mnt / f"{KEY}.idx").exists():
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"{kind} exited with {proc.returncode}")
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"{kind} did not mount")
+        yield mnt, proc.pid, work / f"{kind}-cache"
+    finally:  # lazily: the reading mount's daemon may still hold a file open
+        subprocess.run(["fusermount", "-u", "-z", str(mnt)], check=False, capture_output=True)
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
 
 
 def print_mmfs(name: str, m: dict) -> None:
@@ -305,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="LABEL=PATH: also mount with the mmfs of another source tree (an earlier commit's)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each mount, the trees taking turns")
     parser.add_argument("--skip-megatron", action="store_true")
+    parser.add_argument("--others", default="s3fs,rclone", help="other FUSE mounts of the bucket to read through")
     parser.add_argument("--replay", help=argparse.SUPPRESS)  # the ceiling's own process
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -352,6 +405,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  this / {label}, {ranks} rank(s), mean of {args.rounds}: samples/s "
                       f"{mean(this, 'samples_per_s') / mean(other, 'samples_per_s'):.2f}x, daemon CPU per GET "
                       f"{mean(this, 'cpu_per_get_ms') / mean(other, 'cpu_per_get_ms'):.2f}x", flush=True)
+            for kind in [k for k in args.others.split(",") if k]:
+                try:
+                    with other_mount(kind, proxy, work / f"{kind}-{ranks}", limit) as (mnt, helper, cache):
+                        r = run_mmfs(work, proxy, args.n, env, ranks, limit, ROOT, f"over-{kind}",
+                                     str(mnt / KEY), helper, cache)
+                except (RuntimeError, SystemExit) as exc:
+                    print(f"{kind}: skipped ({exc})")
+                    continue
+                print_mmfs(f"{kind} mount read through a local mmfs mount, {ranks} rank(s)", r)
         m = next(iter(results.values()))[0]
         if m["microbatches"] != args.n:
             return 0
@@ -370,9 +432,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT / "tests" / "reference"))
         runs = []
         for chunk in (int(c) for c in args.chunks.split(",")):
-            before = proxy.ranged_bytes
+            before = proxy.get_bytes
             r = run_megatron(work / "mmfs-this-0-1" / "s3.yaml", work, chunk, args.megatron_n, m["first"])
-            r["fetched_bytes"] = proxy.ranged_bytes - before
+            r["fetched_bytes"] = proxy.get_bytes - before
             runs.append(r)
             print(f"megatron-core, bin_chunk_nbytes {chunk:,}: {r['microbatches']} micro-batches in "
                   f"{r['seconds']:.1f} s: {r['samples_per_s']:,.1f} samples/s steady (fetched "

@@ -85,6 +85,7 @@ class FaultProxy:
         self.requests = 0
         self.ranged_gets = 0
         self.ranged_bytes = 0  # body bytes of the answers to ranged GETs
+        self.gets = self.get_bytes = 0  # every GET (ranged or not) answered, and its body bytes
         self.ranges: list[tuple[str, str]] | None = None  # (path, Range) of each ranged GET, when a list
         self.seen: list[tuple[str, str, str]] | None = None  # (method, path, Range) of every request, when a list
         self.injected = 0
@@ -189,20 +190,24 @@ class FaultProxy:
         try:
             conn.request(h.command, h.path, body=body, headers=dict(h.headers.items()))
             answer = conn.getresponse()
-            data = answer.read()
+            length = answer.getheader("Content-Length")
+            # a long body (rclone's open-ended ranges) is passed on as it comes, not held whole
+            stream = fault is None and h.command == "GET" and length is not None and int(length) > STREAM_FROM
+            data = b"" if stream else answer.read()
         except OSError:
+            conn.close()
             h.close_connection = True
             return
-        finally:
+        if not stream:
             conn.close()
         h.send_response(answer.status)
         for k, v in answer.getheaders():
             if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                 h.send_header(k, v)
         # a HEAD answer's length is the object's, with no body
-        h.send_header("Content-Length", answer.getheader("Content-Length", "0") if h.command == "HEAD"
-                      else str(len(data)))
+        h.send_header("Content-Length", (length or "0") if h.command == "HEAD" or stream else str(len(data)))
         h.end_headers()
+        sent = self._stream(h, answer, conn) if stream else len(data)
         if h.command == "HEAD":
             return
         if fault == "truncate" and len(data) > 1:
@@ -225,16 +230,38 @@ class FaultProxy:
                     break
             h.close_connection = True
             return
-        h.wfile.write(data)
+        if not stream:
+            h.wfile.write(data)
+        if h.command == "GET":
+            with self._lock:
+                self.gets += 1
+                self.get_bytes += sent
         if h.command == "GET" and "Range" in h.headers:
             with self._lock:
-                self.ranged_bytes += len(data)
+                self.ranged_bytes += sent
                 if self.ranges is not None:
                     self.ranges.append((h.path, h.headers["Range"]))
+
+    def _stream(self, h: BaseHTTPRequestHandler, answer: http.client.HTTPResponse,
+                conn: http.client.HTTPConnection) -> int:
+        """Pass a long body on in pieces; the bytes sent."""
+        sent = 0
+        try:
+            while chunk := answer.read(1 << 16):
+                h.wfile.write(chunk)
+                sent += len(chunk)
+        except OSError:  # the client hung up (rclone closes a stream it no longer wants)
+            h.close_connection = True
+        finally:
+            conn.close()
+        return sent
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+STREAM_FROM = 1 << 20  # bytes of a body the proxy holds whole before passing it on
 
 
 def environment(extra: dict | None = None) -> dict:
