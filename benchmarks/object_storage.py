@@ -3,6 +3,8 @@ S3 reader, and against the server's ceiling.
 
     PYTHONPATH=. python benchmarks/object_storage.py [--data DIR] [--gib 2.1]
         [--delay 0.02] [-n 200] [--megatron-n 25] [--chunks 268435456,16777216,1048576,65536,16384]
+        [--ranks 1,8] [--cache-limit BYTES] [--tree LABEL=PATH ...] [--rounds 1] [--skip-megatron]
+        [--others s3fs,rclone]
 
 The bucket is served by localbucket (PyPI; a bucket is a folder and a ranged GET
 reads only its range, so it costs the same on a large object as on a small one:
@@ -12,9 +14,20 @@ region's first-byte latency) and counts requests and bytes. The dataset is a
 uint16 .bin of `--gib` GiB (written once into `--data`), read as GPT samples of
 sequence_length 4096; rank 0 of data_parallel_size 8, micro_batch_size 4.
 
-- mmfs: `mmfs mount` of a config whose dataset is s3://bench/big; rank 000's
-  micro-batch files read in order (`-n` of them). Samples/s, bytes fetched ÷
-  bytes served, requests, the daemon's peak RSS, the cache folder's size.
+- mmfs: `mmfs mount` of a config whose dataset is s3://bench/big, `cache_limit` a
+  quarter of the dataset unless `--cache-limit`; for each count of `--ranks`, a
+  fresh mount whose ranks 000, 001, ... each read their first `-n` micro-batch
+  files in order, a thread per rank. Samples/s, how far apart the first and last
+  rank finished, bytes fetched ÷ bytes served, requests, connections made, the
+  daemon's CPU seconds per GET and per 1,000 samples, its peak RSS, the cache
+  folder's size. `--tree LABEL=PATH` mounts with the mmfs of another source tree
+  too (an earlier commit's, with its compiled core), in turn, for ratios in one run.
+- s3fs-fuse and rclone mount (Debian's `s3fs`, `rclone`), each given the bucket
+  through the same proxy (rclone a VFS cache of `cache_limit`, full mode; s3fs no
+  disk cache, having no size bound for one), read the same way through an mmfs mount
+  of a local config whose dataset is the path in their mount: the requests, bytes and
+  CPU (theirs and the reading daemon's) of the same samples. (megatron-core reading
+  their mount would be the fairer reader; it needs torch.)
 - the ceiling: the very byte ranges mmfs fetched, fetched again by a plain boto3
   client with as many connections as mmfs's max_requests.
 - megatron-core 0.19.2: its GPTDataset over the same s3:// prefix (the .idx
@@ -82,7 +95,9 @@ def localbucket(root: Path):
     port = free_port()
     # TCP_NODELAY: its headers and body go out in two writes, and Nagle's algorithm
     # would hold the body for the client's delayed ACK (40 ms a request)
-    launch = ("import sys, localbucket; localbucket.S3Handler.disable_nagle_algorithm = True; "
+    # and a listen backlog for bursts of new connections (5: a SYN dropped, resent after 1 s)
+    launch = ("import sys, http.server, localbucket; localbucket.S3Handler.disable_nagle_algorithm = True; "
+              "http.server.ThreadingHTTPServer.request_queue_size = 128; "
               "sys.argv[0] = 'localbucket'; localbucket.main()")
     proc = subprocess.Popen([sys.executable, "-c", launch, str(root), "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -124,50 +139,90 @@ def disk_bytes(folder: Path) -> int:
     return sum(os.stat(os.path.join(d, n)).st_blocks * 512 for d, _, ns in os.walk(folder) for n in ns)
 
 
-def mmfs_cli(*args: str, env: dict) -> subprocess.CompletedProcess:
+def mmfs_cli(*args: str, env: dict, tree: Path = ROOT) -> subprocess.CompletedProcess:
+    # run in the tree: `python -m` puts the working folder first on the path
     done = subprocess.run([sys.executable, "-m", "mmfs.cli", *map(str, args)], capture_output=True,
-                          text=True, env=env)
+                          text=True, env=env, cwd=tree)
     if done.returncode:
         raise SystemExit(f"mmfs {args[0]} failed: {done.stderr.strip()}")
     return done
 
 
-def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (every thread)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, cache_limit: int = 0,
+             tree: Path = ROOT, label: str = "", dataset: str = f"s3://{BUCKET}/{KEY}", helper: int = 0,
+             helper_cache: Path | None = None) -> dict:
+    """Mount (mmfs from `tree`), read the first `n` micro-batch files of ranks 0..ranks-1,
+    a thread per rank, and measure. `dataset` may be a path in another file system's
+    mount (s3fs, rclone) whose process is `helper`: its CPU is counted with the daemon's,
+    its RSS and cache folder are reported instead."""
+    work = work / f"mmfs-{label}-{ranks}"
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**env, "PYTHONPATH": str(tree) + os.pathsep + env.get("PYTHONPATH", "")}
     config = work / "s3.yaml"
     cache = work / "storage"
+    storage = {"endpoint_url": proxy.url, "cache_dir": str(cache)}
+    if cache_limit:
+        storage["cache_limit"] = cache_limit
+        storage["prefetch"] = min(64 << 20, cache_limit // 2)
     config.write_text(json.dumps({
-        "datasets": [{"path": f"s3://{BUCKET}/{KEY}"}], "split": "100,0,0", "sequence_length": SEQ,
+        "datasets": [{"path": dataset}], "split": "100,0,0", "sequence_length": SEQ,
         "tokenizer": {"eod": 0, "pad": None}, "cache_dir": str(work / "indices"),
         "training": {"data_parallel_size": DP, "micro_batch_size": MBS},
-        "storage": {"endpoint_url": proxy.url, "cache_dir": str(cache)}}))
+        "storage": storage}))
     t0 = time.perf_counter()
-    mmfs_cli("build", config, env=env)
+    mmfs_cli("build", config, env=env, tree=tree)
     built = time.perf_counter() - t0
     mnt = work / "mnt"
     mnt.mkdir(exist_ok=True)
     t0 = time.perf_counter()
-    out = mmfs_cli("mount", config, mnt, "--log", work / "mount.log", env=env).stdout
+    out = mmfs_cli("mount", config, mnt, "--log", work / "mount.log", env=env, tree=tree).stdout
     mounted = time.perf_counter() - t0
     pid = int(re.search(r"daemon pid (\d+)", out).group(1))
     try:
-        rank = mnt / "train" / "ranks" / "000"
-        names = sorted(os.listdir(rank))[:n]
-        proxy.ranges, proxy.ranged_gets, proxy.ranged_bytes = [], 0, 0
-        served = 0
+        proxy.ranges, proxy.ranged_gets, proxy.ranged_bytes, proxy.gets, proxy.get_bytes = [], 0, 0, 0, 0
+        connections = proxy.connections
+        firsts: dict[int, bytes] = {}
+        took: dict[int, float] = {}
+        reads: list[float] = []
+
+        def read_rank(r: int) -> int:
+            rank = mnt / "train" / "ranks" / f"{r:03d}"
+            served, start = 0, time.perf_counter()
+            for name in sorted(os.listdir(rank))[:n]:
+                t = time.perf_counter()
+                data = (rank / name).read_bytes()
+                reads.append(time.perf_counter() - t)
+                firsts.setdefault(r, data)
+                served += len(data)
+            took[r] = time.perf_counter() - start
+            return served
+
+        cpu0 = cpu_seconds(pid) + (cpu_seconds(helper) if helper else 0)
         t0 = time.perf_counter()
-        first = None
-        for name in names:
-            data = (rank / name).read_bytes()
-            first = data if first is None else first
-            served += len(data)
+        with concurrent.futures.ThreadPoolExecutor(ranks) as pool:
+            served = sum(pool.map(read_rank, range(ranks)))
         seconds = time.perf_counter() - t0
+        cpu = cpu_seconds(pid) + (cpu_seconds(helper) if helper else 0) - cpu0
         time.sleep(1)  # the prefetcher's requests in flight land in the counts
-        result = {"build_s": built, "mount_s": mounted, "microbatches": len(names), "seconds": seconds,
-                  "samples_per_s": len(names) * MBS / seconds, "served_bytes": served,
-                  "requests": proxy.ranged_gets, "fetched_bytes": proxy.ranged_bytes,
-                  "rss_peak": rss_peak(pid), "cache_bytes": disk_bytes(cache)}
+        samples = n * ranks * MBS
+        result = {"build_s": built, "mount_s": mounted, "microbatches": n * ranks, "seconds": seconds,
+                  "samples_per_s": samples / seconds, "served_bytes": served,
+                  "requests": proxy.gets, "fetched_bytes": proxy.get_bytes,
+                  "rss_peak": rss_peak(helper or pid),
+                  "cache_bytes": disk_bytes(helper_cache or cache) if helper_cache or not helper else 0, "cpu_s": cpu,
+                  "cpu_per_get_ms": 1000 * cpu / max(1, proxy.gets),
+                  "cpu_per_1000_samples": 1000 * cpu / samples, "connections": proxy.connections - connections,
+                  "spread": (max(took.values()) - min(took.values())) / max(took.values()),
+                  "read_ms": np.percentile(reads, [50, 90, 99, 100]) * 1000}
         result["fetched_per_served"] = result["fetched_bytes"] / served
-        result["first"] = np.frombuffer(first, dtype=np.uint16)
+        result["first"] = np.frombuffer(firsts[0], dtype=np.uint16)
         result["ranges"] = list(proxy.ranges)
         proxy.ranges = None
         return result
@@ -175,6 +230,59 @@ def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict) -> dict:
         subprocess.run(["fusermount", "-u", str(mnt)], check=False)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def other_mount(kind: str, proxy: FaultProxy, work: Path, cache_limit: int):
+    """The bucket mounted by s3fs-fuse or rclone (Debian's), through the proxy: (mount
+    point, its process). rclone gets `cache_limit` as its VFS cache (full mode); s3fs
+    has no size bound for its disk cache, so it runs without one (ranged reads). The
+    mmfs mount that reads through it is local (no range cache): the bytes are theirs."""
+    mnt = work / f"{kind}-mnt"
+    mnt.mkdir(parents=True, exist_ok=True)
+    # (rclone's S3 backend cannot load AWS_CA_BUNDLE with its transport, and no TLS is used here)
+    env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
+    if kind == "s3fs":
+        secret = work / "s3fs.passwd"
+        secret.write_text(f"{CREDENTIALS['AWS_ACCESS_KEY_ID']}:{CREDENTIALS['AWS_SECRET_ACCESS_KEY']}\n")
+        secret.chmod(0o600)
+        argv = ["s3fs", BUCKET, str(mnt), "-f", "-o", f"url={proxy.url}", "-o", "use_path_request_style",
+                "-o", f"passwd_file={secret}", "-o", "endpoint=us-east-1", "-o", "ro"]
+    else:
+        env.update({"RCLONE_CONFIG_BENCH_TYPE": "s3", "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
+                    "RCLONE_CONFIG_BENCH_ENDPOINT": proxy.url, "RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE": "true",
+                    "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                    "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": CREDENTIALS["AWS_SECRET_ACCESS_KEY"]})
+        argv = ["rclone", "mount", f"bench:{BUCKET}", str(mnt), "--read-only", "--vfs-cache-mode", "full",
+                "--vfs-cache-max-size", str(cache_limit), "--cache-dir", str(work / f"{kind}-cache")]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            if (mnt / f"{KEY}.idx").exists():
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"{kind} exited with {proc.returncode}")
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"{kind} did not mount")
+        yield mnt, proc.pid, work / f"{kind}-cache"
+    finally:  # lazily: the reading mount's daemon may still hold a file open
+        subprocess.run(["fusermount", "-u", "-z", str(mnt)], check=False, capture_output=True)
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+
+
+def print_mmfs(name: str, m: dict) -> None:
+    print(f"{name}: index built in {m['build_s']:.1f} s, mounted in {m['mount_s']:.2f} s; "
+          f"{m['microbatches']} micro-batch files in {m['seconds']:.2f} s: {m['samples_per_s']:,.0f} samples/s "
+          f"(first and last rank {100 * m['spread']:.0f} % apart); a file's read p50/p90/p99/max "
+          f"{'/'.join(f'{t:.0f}' for t in m['read_ms'])} ms")
+    print(f"  {m['requests']} requests, fetched {m['fetched_bytes'] / 1e6:.1f} MB for "
+          f"{m['served_bytes'] / 1e6:.1f} MB served: {m['fetched_per_served']:.3f}; daemon CPU "
+          f"{m['cpu_s']:.2f} s: {m['cpu_per_get_ms']:.2f} ms per GET, {m['cpu_per_1000_samples']:.2f} s per "
+          f"1,000 samples; peak RSS {m['rss_peak'] / 1e6:.0f} MB; cache folder {m['cache_bytes'] / 1e6:.1f} MB; "
+          f"{m['connections']} connections", flush=True)
 
 
 def run_ceiling(proxy: FaultProxy, ranges: list[tuple[str, str]], connections: int, work: Path) -> float:
@@ -243,6 +351,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--megatron-n", type=int, default=25, help="micro-batches per megatron-core run")
     parser.add_argument("--chunks", default=f"{256 << 20},{16 << 20},{1 << 20},{64 << 10},{16 << 10}")
     parser.add_argument("--max-requests", type=int, default=16)
+    parser.add_argument("--ranks", default="1,8", help="ranks read at once through one mount, each count in turn")
+    parser.add_argument("--cache-limit", type=int, default=0, help="bytes (default: a quarter of the dataset)")
+    parser.add_argument("--tree", action="append", default=[],
+                        help="LABEL=PATH: also mount with the mmfs of another source tree (an earlier commit's)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each mount, the trees taking turns")
+    parser.add_argument("--skip-megatron", action="store_true")
+    parser.add_argument("--others", default="s3fs,rclone", help="other FUSE mounts of the bucket to read through")
     parser.add_argument("--replay", help=argparse.SUPPRESS)  # the ceiling's own process
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -272,17 +387,43 @@ def main(argv: list[str] | None = None) -> int:
         proxy = FaultProxy(port)
         proxy.delay = args.delay
         env["AWS_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL"] = proxy.url
-        m = run_mmfs(work, proxy, args.n, env)
-        print(f"mmfs: index built in {m['build_s']:.1f} s, mounted in {m['mount_s']:.1f} s; "
-              f"{m['microbatches']} micro-batch files in {m['seconds']:.2f} s: {m['samples_per_s']:,.0f} samples/s")
-        print(f"  {m['requests']} requests, fetched {m['fetched_bytes'] / 1e6:.1f} MB for "
-              f"{m['served_bytes'] / 1e6:.1f} MB served: {m['fetched_per_served']:.3f}; daemon peak RSS "
-              f"{m['rss_peak'] / 1e6:.0f} MB; cache folder {m['cache_bytes'] / 1e6:.1f} MB")
+        limit = args.cache_limit or bin_size // 4
+        print(f"cache_limit {limit / (1 << 20):.0f} MiB ({bin_size / limit:.1f}x under the dataset)")
+        trees = [("this", ROOT)] + [(t.split("=", 1)[0], Path(t.split("=", 1)[1])) for t in args.tree]
+        results: dict[tuple[str, int], list[dict]] = {}
+        for ranks in (int(r) for r in args.ranks.split(",")):
+            for turn in range(args.rounds):  # the trees take turns, in either order
+                for label, tree in trees[::-1] if turn % 2 else trees:
+                    r = run_mmfs(work, proxy, args.n, env, ranks, limit, tree, f"{label}-{turn}")
+                    results.setdefault((label, ranks), []).append(r)
+                    print_mmfs(f"mmfs ({label}), {ranks} rank(s) through one mount", r)
+            for label, _ in trees[1:]:
+                this, other = results["this", ranks], results[label, ranks]
+
+                def mean(runs: list[dict], key: str) -> float:
+                    return sum(r[key] for r in runs) / len(runs)
+                print(f"  this / {label}, {ranks} rank(s), mean of {args.rounds}: samples/s "
+                      f"{mean(this, 'samples_per_s') / mean(other, 'samples_per_s'):.2f}x, daemon CPU per GET "
+                      f"{mean(this, 'cpu_per_get_ms') / mean(other, 'cpu_per_get_ms'):.2f}x", flush=True)
+            for kind in [k for k in args.others.split(",") if k]:
+                try:
+                    with other_mount(kind, proxy, work / f"{kind}-{ranks}", limit) as (mnt, helper, cache):
+                        r = run_mmfs(work, proxy, args.n, env, ranks, limit, ROOT, f"over-{kind}",
+                                     str(mnt / KEY), helper, cache)
+                except (RuntimeError, SystemExit) as exc:
+                    print(f"{kind}: skipped ({exc})")
+                    continue
+                print_mmfs(f"{kind} mount read through a local mmfs mount, {ranks} rank(s)", r)
+        m = next(iter(results.values()))[0]
+        if m["microbatches"] != args.n:
+            return 0
         ceiling_s = run_ceiling(proxy, m["ranges"], args.max_requests, work)
         ceiling = m["microbatches"] * MBS / ceiling_s
         print(f"ceiling: the same {len(m['ranges'])} ranges by boto3 with {args.max_requests} connections "
               f"in {ceiling_s:.2f} s: {ceiling:,.0f} samples/s; mmfs / ceiling {m['samples_per_s'] / ceiling:.2f}")
         try:
+            if args.skip_megatron:
+                raise ImportError
             import megatron.core  # noqa: F401
             import torch  # noqa: F401
         except ImportError:
@@ -291,9 +432,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT / "tests" / "reference"))
         runs = []
         for chunk in (int(c) for c in args.chunks.split(",")):
-            before = proxy.ranged_bytes
-            r = run_megatron(work / "s3.yaml", work, chunk, args.megatron_n, m["first"])
-            r["fetched_bytes"] = proxy.ranged_bytes - before
+            before = proxy.get_bytes
+            r = run_megatron(work / "mmfs-this-0-1" / "s3.yaml", work, chunk, args.megatron_n, m["first"])
+            r["fetched_bytes"] = proxy.get_bytes - before
             runs.append(r)
             print(f"megatron-core, bin_chunk_nbytes {chunk:,}: {r['microbatches']} micro-batches in "
                   f"{r['seconds']:.1f} s: {r['samples_per_s']:,.1f} samples/s steady (fetched "

@@ -65,8 +65,13 @@ class FaultProxy:
     """An HTTP proxy on 127.0.0.1 in front of `target`. Set a fault and how many
     requests it hits (GETs of object bytes only, unless `every` is set; with
     `period` n, every n-th of those):
-    fault = "503" | "500" | "cut" | "truncate" | "deny" | None; `down` refuses
-    every connection; `delay` (seconds) before each request."""
+    fault = "503" | "500" | "cut" | "truncate" | "deny" | "shift" (a 206 of the range
+    two bytes on, of the same length, with its own honest Content-Range) | "hang"
+    (the request is taken and never answered, until `release()`) | "trickle" (the
+    headers, then the body at a byte a second) | "flip" (a byte of the body changed) |
+    None; with `match`, only requests whose path holds it; `down` refuses every
+    connection; `delay` (seconds) before each request. `connections` counts the
+    connections made to it."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
@@ -80,8 +85,13 @@ class FaultProxy:
         self.requests = 0
         self.ranged_gets = 0
         self.ranged_bytes = 0  # body bytes of the answers to ranged GETs
+        self.gets = self.get_bytes = 0  # every GET (ranged or not) answered, and its body bytes
         self.ranges: list[tuple[str, str]] | None = None  # (path, Range) of each ranged GET, when a list
+        self.seen: list[tuple[str, str, str]] | None = None  # (method, path, Range) of every request, when a list
         self.injected = 0
+        self.connections = 0
+        self.match: str | None = None
+        self._released = threading.Event()
         self._lock = threading.Lock()
         proxy = self
 
@@ -96,6 +106,8 @@ class FaultProxy:
                 if proxy.down:
                     self.connection.close()
                     return
+                with proxy._lock:
+                    proxy.connections += 1
                 super().handle()
 
             def _any(self) -> None:
@@ -104,6 +116,8 @@ class FaultProxy:
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _any
 
         class Server(ThreadingHTTPServer):
+            request_queue_size = 128  # a burst of new connections is not dropped (a SYN resent after 1 s)
+
             def handle_error(self, request, client_address) -> None:
                 pass  # a client that hung up (a daemon unmounted mid-request)
 
@@ -114,15 +128,25 @@ class FaultProxy:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def inject(self, fault: str | None, count: int = 1, every: bool = False, period: int = 1) -> None:
+        if fault in ("hang", "trickle"):
+            self._released.clear()
         with self._lock:
             self.fault, self.remaining, self.every, self.period = fault, count, every, period
             self._matching = 0
 
-    def _take_fault(self, ranged: bool) -> str | None:
+    def release(self) -> None:
+        """End the fault, and let every hung request go (each connection is closed)."""
+        self.inject(None)
+        self._released.set()
+
+    def _take_fault(self, h: BaseHTTPRequestHandler, ranged: bool) -> str | None:
         with self._lock:
+            if self.seen is not None:
+                self.seen.append((h.command, h.path, h.headers.get("Range", "")))
             self.requests += 1
             self.ranged_gets += ranged
-            if self.fault and self.remaining > 0 and (ranged or self.every):
+            hit = self.match is None or self.match in h.path
+            if self.fault and self.remaining > 0 and (ranged or self.every) and hit:
                 self._matching += 1
                 if self._matching % self.period:
                     return None
@@ -136,7 +160,15 @@ class FaultProxy:
             time.sleep(self.delay)
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
-        fault = self._take_fault(h.command == "GET" and "Range" in h.headers)
+        fault = self._take_fault(h, h.command == "GET" and "Range" in h.headers)
+        if fault == "hang":
+            self._released.wait(600)
+            h.close_connection = True
+            return
+        if fault == "shift":
+            first, _, last = h.headers["Range"].removeprefix("bytes=").partition("-")
+            del h.headers["Range"]
+            h.headers["Range"] = f"bytes={int(first) + 2}-{int(last) + 2}"
         if fault == "cut" or self.down:
             h.close_connection = True
             with contextlib.suppress(OSError):
@@ -158,20 +190,24 @@ class FaultProxy:
         try:
             conn.request(h.command, h.path, body=body, headers=dict(h.headers.items()))
             answer = conn.getresponse()
-            data = answer.read()
+            length = answer.getheader("Content-Length")
+            # a long body (rclone's open-ended ranges) is passed on as it comes, not held whole
+            stream = fault is None and h.command == "GET" and length is not None and int(length) > STREAM_FROM
+            data = b"" if stream else answer.read()
         except OSError:
+            conn.close()
             h.close_connection = True
             return
-        finally:
+        if not stream:
             conn.close()
         h.send_response(answer.status)
         for k, v in answer.getheaders():
             if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                 h.send_header(k, v)
         # a HEAD answer's length is the object's, with no body
-        h.send_header("Content-Length", answer.getheader("Content-Length", "0") if h.command == "HEAD"
-                      else str(len(data)))
+        h.send_header("Content-Length", (length or "0") if h.command == "HEAD" or stream else str(len(data)))
         h.end_headers()
+        sent = self._stream(h, answer, conn) if stream else len(data)
         if h.command == "HEAD":
             return
         if fault == "truncate" and len(data) > 1:
@@ -181,16 +217,51 @@ class FaultProxy:
             with contextlib.suppress(OSError):
                 h.connection.shutdown(socket.SHUT_RDWR)
             return
-        h.wfile.write(data)
+        if fault == "flip" and data:
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
+        if fault == "trickle":
+            for i in range(len(data)):
+                if self._released.wait(1.0):
+                    break
+                try:
+                    h.wfile.write(data[i:i + 1])
+                    h.wfile.flush()
+                except OSError:
+                    break
+            h.close_connection = True
+            return
+        if not stream:
+            h.wfile.write(data)
+        if h.command == "GET":
+            with self._lock:
+                self.gets += 1
+                self.get_bytes += sent
         if h.command == "GET" and "Range" in h.headers:
             with self._lock:
-                self.ranged_bytes += len(data)
+                self.ranged_bytes += sent
                 if self.ranges is not None:
                     self.ranges.append((h.path, h.headers["Range"]))
+
+    def _stream(self, h: BaseHTTPRequestHandler, answer: http.client.HTTPResponse,
+                conn: http.client.HTTPConnection) -> int:
+        """Pass a long body on in pieces; the bytes sent."""
+        sent = 0
+        try:
+            while chunk := answer.read(1 << 16):
+                h.wfile.write(chunk)
+                sent += len(chunk)
+        except OSError:  # the client hung up (rclone closes a stream it no longer wants)
+            h.close_connection = True
+        finally:
+            conn.close()
+        return sent
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+STREAM_FROM = 1 << 20  # bytes of a body the proxy holds whole before passing it on
 
 
 def environment(extra: dict | None = None) -> dict:

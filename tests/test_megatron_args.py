@@ -14,7 +14,9 @@ import pytest
 import yaml
 
 from golden_cases import GOLDEN, expected_samples, load_case
+from mmfs.config.blend import MAX_ARGS_FILE
 from mmfs.config.schema import load_config
+from mmfs.tools.megatron_args import split_words
 from mount_fixtures import mmfs, mounted
 
 
@@ -125,6 +127,9 @@ def test_megatrons_example_launch_lines_give_configs_that_load(tmp_path, name):
         assert config.blend_per_split["test"] is None and config.blend_per_split["train"].weights == [1.0]
 
 
+LINE = ["--data-path", "data/u16_docs", "--seq-length", "8", "--tokenizer-type", "NullTokenizer", "--vocab-size", "9"]
+
+
 @pytest.mark.parametrize("args,words", [
     (["--mock-data", "--seq-length", "8"], "--mock-data: mmfs cannot serve it"),
     (["--data-path", "data/u16_docs", "--seq-length", "8", "--micro-batch-size", "1"], "--tokenizer-type: missing"),
@@ -137,7 +142,7 @@ def test_megatrons_example_launch_lines_give_configs_that_load(tmp_path, name):
      "--world-size: 6 is not a multiple"),
     (["--data-path", "data/u16_docs", "--seq-length", "x"], "--seq-length: 'x' is not an integer"),
     (["--seq-length", "8"], "--data-path: missing"),
-    (["@missing.txt"], "missing.txt: cannot read the arguments file"),
+    (["@missing.txt"], "missing.txt: file not found"),
     (["--data-path", "data/u16_docs", "--seq-length", "8", "--tokenizer-type", "NullTokenizer",
       "--vocab-size", "9", "--micro-batch-size", "1", "--global-batch-size", "8",
       "--step-batch-size-schedule", "0:8"], "--step-batch-size-schedule: Megatron-LM refuses it"),
@@ -145,6 +150,27 @@ def test_megatrons_example_launch_lines_give_configs_that_load(tmp_path, name):
       "--vocab-size", "9", "--micro-batch-size", "1", "--dataloader-type", "external"], "--dataloader-type: external"),
     (["--data-path", "data/u16_docs", "--seq-length", "8", "--tokenizer-type", "GPT2BPETokenizer",
       "--vocab-file", "nothere.json", "--merge-file", "merges.txt"], "--vocab-file: "),
+    # what Megatron-LM's validate_args (and the microbatch calculator) refuse at start-up
+    ([*LINE, "--micro-batch-size", "0"], "--micro-batch-size: 0: Megatron asserts"),
+    ([*LINE, "--micro-batch-size", "1", "--seq-length", "-5"], "--seq-length: -5: a sample holds at least 1 token"),
+    ([*LINE, "--micro-batch-size", "1", "--seq-length", "0"], "--seq-length: 0:"),
+    ([*LINE, "--micro-batch-size", "2", "--world-size", "2", "--global-batch-size", "6"],
+     "--global-batch-size: 6 is not a multiple of --micro-batch-size x the data-parallel size"),
+    ([*LINE, "--micro-batch-size", "1", "--global-batch-size", "0"], "--global-batch-size: must be at least 1"),
+    ([*LINE, "--micro-batch-size", "1", "--world-size", "4", "--context-parallel-size", "2", "--seq-length", "6"],
+     "--seq-length: 6 is not a multiple of 2 x --context-parallel-size = 4"),
+    ([*LINE, "--micro-batch-size", "1", "--max-position-embeddings", "4"],
+     "--seq-length: 8 is more than --max-position-embeddings 4"),
+    ([*LINE, "--micro-batch-size", "1", "--train-iters", "10", "--eval-interval", "0"],
+     "--eval-interval: must be at least 1"),
+    ([*LINE, "--micro-batch-size", "1", "--tensor-model-parallel-size", "0"], "--tensor-model-parallel-size: 0"),
+    ([*LINE, "--micro-batch-size", "1", "--seed", "-1"], "--seed: -1:"),
+    # torchrun's flags: no process is no world (was a TypeError)
+    ([*LINE, "--micro-batch-size", "1", "--nproc_per_node", "0"], "--nproc_per_node: 0: torchrun starts"),
+    ([*LINE, "--micro-batch-size", "1", "--nproc-per-node", "2", "--nnodes", "0"], "--nnodes: 0: torchrun starts"),
+    # special files: refused at once, never read
+    (["@/dev/zero"], "/dev/zero: is a character device, not a regular file"),
+    (["@."], ".: is a directory, not a regular file"),
 ])
 def test_arguments_mmfs_cannot_honour_are_one_line(tmp_path, args, words):
     proc = mmfs("config", "--from-megatron", *args, cwd=_folder(tmp_path))
@@ -185,7 +211,10 @@ def test_megatrons_data_forms_in_yaml_mean_what_megatron_reads(tmp_path):
 
 
 @pytest.mark.parametrize("keys,files,words", [
-    ({"data_args_path": "nothere.txt"}, {}, "data_args_path: cannot read"),
+    ({"data_args_path": "nothere.txt"}, {}, "data_args_path: "),
+    ({"per_split_data_args_path": "p.json"}, {"p.json": '{"train": ' + "[" * 100_000 + "]" * 100_000 + "}"},
+     "per_split_data_args_path: p.json nests deeper than"),
+    ({"data_args_path": "a.txt"}, {"a.txt": b"0.5 data/u16_docs \xff"}, "a.txt: not UTF-8 text (byte 18)"),
     ({"data_args_path": "a.txt"}, {"a.txt": "0.5 data/u16_docs x data/u16_small"},
      "data_args_path[0].path: no dataset"),  # Megatron reads every word as a path then
     ({"per_split_data_args_path": "p.json"}, {"p.json": "{"}, "per_split_data_args_path: p.json is not JSON"),
@@ -197,10 +226,88 @@ def test_megatrons_data_forms_in_yaml_mean_what_megatron_reads(tmp_path):
 def test_bad_megatron_data_forms_are_one_line(tmp_path, keys, files, words):
     folder = _folder(tmp_path)
     for name, text in files.items():
-        (folder / name).write_text(text)
+        (folder / name).write_bytes(text if isinstance(text, bytes) else text.encode())
     base = {k: v for k, v in BASE.items() if not (k == "split" and "per_split_data_args_path" in keys)}
     path = folder / "c.yaml"
     path.write_text(yaml.safe_dump({**base, **keys}))
     proc = mmfs("build", path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
+
+
+def _one_line(proc, words: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("key", ["data_args_path", "per_split_data_args_path"])
+def test_a_fifo_as_megatrons_data_file_is_refused_at_once(tmp_path, key):
+    folder = _folder(tmp_path)
+    os.mkfifo(folder / "fifo")  # opened for reading, it would block until a writer comes
+    base = {k: v for k, v in BASE.items() if not (k == "split" and key == "per_split_data_args_path")}
+    path = folder / "c.yaml"
+    path.write_text(yaml.safe_dump({**base, key: "fifo"}))
+    _one_line(mmfs("build", path, timeout=20), f"{key}: {folder / 'fifo'}: is a FIFO (named pipe), not a regular file")
+
+
+def test_a_fifo_as_arguments_file_is_refused_at_once(tmp_path):
+    folder = _folder(tmp_path)
+    os.mkfifo(folder / "args.txt")
+    _one_line(mmfs("config", "--from-megatron", "@args.txt", cwd=folder, timeout=20),
+              "args.txt: is a FIFO (named pipe), not a regular file")
+
+
+def test_an_arguments_file_past_the_limit_is_refused_not_cut(tmp_path):
+    folder = _folder(tmp_path)
+    with open(folder / "args.txt", "wb") as f:  # sparse: no disk used
+        f.truncate(MAX_ARGS_FILE + 1)
+    _one_line(mmfs("config", "--from-megatron", "@args.txt", cwd=folder, timeout=20),
+              f"args.txt: is {MAX_ARGS_FILE + 1:,} bytes, more than any arguments file (256 MiB at most)")
+    (folder / "c.yaml").write_text(yaml.safe_dump({**BASE, "data_args_path": "args.txt"}))
+    _one_line(mmfs("build", folder / "c.yaml", timeout=20), "more than any arguments file (256 MiB at most)")
+
+
+def test_an_arguments_file_past_16_mib_is_read_whole(tmp_path):
+    """379,271 datasets (17 MB): every one reaches the config, the last one whole."""
+    folder = _folder(tmp_path)
+    n = 379_271
+    with open(folder / "args.txt", "w") as f:
+        f.write(" ".join(LINE[2:]) + " --micro-batch-size 1 --world-size 1\n--data-path \\\n")
+        for i in range(n):
+            f.write(f"0.001 /data/corpus/part-{i:07d}_text_document \\\n")
+        f.write("\n")
+    assert os.path.getsize(folder / "args.txt") > 17_000_000
+    proc = mmfs("config", "--from-megatron", "@args.txt", cwd=folder, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    words = yaml.load(proc.stdout, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["data_path"]
+    assert len(words) == 2 * n and words[-1] == f"/data/corpus/part-{n - 1:07d}_text_document"
+    # quoting and comments still read as a shell reads them
+    assert split_words("--a 'b c' # d\n\"e\\\"f\" \\\ng") == ["--a", "b c", 'e"f', "g"]
+
+
+def test_a_launch_line_without_a_world_size_says_data_parallel_size_is_1(tmp_path):
+    folder = _folder(tmp_path)
+    old = os.environ.pop("WORLD_SIZE", None)
+    try:
+        proc = mmfs("config", "--from-megatron", *LINE, "--micro-batch-size", "1", cwd=folder)
+    finally:
+        if old is not None:
+            os.environ["WORLD_SIZE"] = old
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "data_parallel_size: 1 because the launch line gives no world size" \
+        in proc.stderr and "--world-size" in proc.stderr and "WORLD_SIZE" in proc.stderr, proc.stderr
+    assert "# data_parallel_size: 1 because the launch line gives no world size" in proc.stdout
+    assert yaml.safe_load(proc.stdout)["training"]["data_parallel_size"] == 1
+    given = mmfs("config", "--from-megatron", *LINE, "--micro-batch-size", "1", "--world-size", "1", cwd=folder)
+    assert given.returncode == 0 and given.stderr == "" and "world size" not in given.stdout
+
+
+def test_hybrid_context_parallel_says_ranks_do_not_show_what_a_rank_trains_on(tmp_path):
+    folder = _folder(tmp_path)
+    proc = mmfs("config", "--from-megatron", *LINE, "--micro-batch-size", "1", "--world-size", "4",
+                "--context-parallel-size", "2", "--hybrid-context-parallel", cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    line = "--hybrid-context-parallel: Megatron reroutes sub-samples between the data x context parallel ranks"
+    assert proc.stderr.count("\n") == 1 and line in proc.stderr, proc.stderr
+    assert f"# {line}" in proc.stdout and "ranks/ and streams/" in proc.stdout
+    assert yaml.safe_load(proc.stdout)["training"]["data_parallel_size"] == 2

@@ -1,7 +1,7 @@
-"""A run in phases (issue 27, docs/phases.md): the config's `phases:`, the run's
-blend under both phase modes, checked against stock builds (which the golden
-tests hold to megatron-core), a slow sample-by-sample reference of the continue
-rule, properties over random phase lists, and a real mount across a boundary."""
+"""A run in phases (issue 27, docs/phases.md): the run's blend under both phase
+modes, checked against stock builds (which the golden tests hold to
+megatron-core), a slow sample-by-sample reference of the continue rule,
+properties over random phase lists, a real mount across a boundary, `mmfs phases`."""
 
 from __future__ import annotations
 
@@ -10,44 +10,21 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pytest
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from phase_helpers import (
+    THREE_PHASES,
+    TWO_PHASES,
+    ds,
+    reference_continue,
+    samples,
+    served,
+    write,
+)
 
-from mmfs.errors import ConfigError
 from mmfs.megatron.corpus import open_corpus
-from mmfs.megatron.phasefacts import served_before
 from mmfs.megatron.phases import PhaseSlice, continue_blend, megatron_weights, wrap
 from mmfs.mount.contract import XATTR_DATASET, XATTR_PHASE, XATTR_SAMPLES
-
-DATA = Path(__file__).resolve().parent / "golden" / "data"
-TRAINING = {"data_parallel_size": 2, "micro_batch_size": 2, "global_batch_size": 8, "train_iters": 30,
-            "eval_interval": 10, "eval_iters": 2}
-
-
-def ds(name: str, weight: float) -> dict:
-    return {"path": str(DATA / name), "weight": weight}
-
-
-def write(tmp_path: Path, name: str = "run.yaml", **keys) -> str:
-    config = {"split": "90,8,2", "sequence_length": 32, "tokenizer": {"eod": 0},
-              "cache_dir": str(tmp_path / "cache"), "training": dict(TRAINING), **keys}
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
-
-
-TWO_PHASES = [
-    {"datasets": [ds("u16_docs", 0.7), ds("u16_multiseq", 0.3)]},
-    {"start_iteration": 10, "datasets": [ds("u16_docs", 0.2), ds("u16_multiseq", 0.3), ds("u16_small", 0.5)]},
-]
-THREE_PHASES = TWO_PHASES + [{"start_iteration": 22, "datasets": [ds("u16_small", 1.0), ds("u16_docs", 3.0)]}]
-
-
-def samples(reader, start: int, end: int) -> list[bytes]:
-    return [reader.read(i) for i in range(start, end)]
-
 
 # -- continue ---------------------------------------------------------------------
 
@@ -61,26 +38,6 @@ def test_continue_first_phase_is_the_stock_blend_sized_to_the_run(tmp_path):
         assert samples(run.splits[split], 0, len(stock.splits[split])) == \
             samples(stock.splits[split], 0, len(stock.splits[split]))
 
-
-def reference_continue(slices: list[PhaseSlice], lengths: list[int]) -> list[tuple[int, int]]:
-    """The continue rule, sample by sample, in plain Python: within a phase, the
-    first dataset maximising weight × max(i, 1) − drawn-in-phase; it serves its
-    next sample (wrapping after its last)."""
-    position = [0] * len(lengths)
-    out = []
-    for s in slices:
-        drawn = [0] * len(s.members)
-        for i in range(s.size):
-            at = max(i, 1)
-            errors = [w * at - c for w, c in zip(s.weights, drawn)]
-            j = errors.index(max(errors))
-            g = s.members[j]
-            out.append((g, position[g] % lengths[g]))
-            drawn[j] += 1
-            position[g] += 1
-    return out
-
-
 def test_continue_later_phases_follow_the_reference_rule(tmp_path):
     run = open_corpus(write(tmp_path, phases=THREE_PHASES), progress=False)
     train = run.indices["train"]
@@ -90,7 +47,7 @@ def test_continue_later_phases_follow_the_reference_rule(tmp_path):
     # each dataset goes on from where it stood: u16_docs's samples in phase 1 follow phase 0's
     docs = [k for g, k in got if train.gpts[g].spec.name == "u16_docs"]
     assert docs == list(range(len(docs)))
-    assert served_before(run.splits["train"]) == [0, 0, 0]
+    assert served(run.splits["train"]) == [0, 0, 0]
 
 
 def test_a_used_up_dataset_starts_its_next_pass(tmp_path):
@@ -111,7 +68,7 @@ def test_a_used_up_dataset_starts_its_next_pass(tmp_path):
     again = open_corpus(path, progress=False).indices["train"]  # the next pass is cached too
     assert again.blend.from_cache and np.array_equal(again.blend.dataset_sample_index,
                                                      train.blend.dataset_sample_index)
-    assert served_before(run.splits["train"]) == [0, len(ids) - first]
+    assert served(run.splits["train"]) == [0, len(ids) - first]
 
 
 @st.composite
@@ -182,66 +139,8 @@ def test_restart_phases_are_stock_blends_sized_to_each_phase(tmp_path):
                            samples={"train": s.size, "valid": 64, "test": 16}, training=None)
         stock = open_corpus(stock_path, progress=False)
         assert samples(run.splits["train"], s.start, s.end) == samples(stock.splits["train"], 0, s.size), k
-    again = served_before(run.splits["train"])
+    again = served(run.splits["train"])
     assert again[0] == 0 and again[1] > 0  # a relaunched phase re-reads what phase 0 read
-
-
-# -- against megatron-core 0.19.2 (tests/reference/record_phases.py) -------------------
-
-REFERENCE = json.loads((Path(__file__).resolve().parent / "reference" / "phases.json").read_text())["cases"]
-
-
-def reference_config(tmp_path: Path, name: str, mode: str) -> str:
-    case = REFERENCE[name]
-    link = tmp_path / "data"
-    if not link.exists():
-        link.symlink_to(DATA, target_is_directory=True)
-    phases = []
-    for k, (start, blend) in enumerate(case["phases"]):
-        entry = {"datasets": [{"path": p, "weight": w} for p, w in blend.items()]}
-        phases.append(entry if k == 0 else {"start_iteration": start, **entry})
-    training = {"data_parallel_size": 1, "micro_batch_size": 4, **case["training"]}
-    config = {"phases": phases, "phase_mode": mode, "split": case["split"], "seed": case["seed"],
-              "sequence_length": case["sequence_length"], "tokenizer": {"eod": 0},
-              "cache_dir": str(tmp_path / "cache"), "training": training}
-    path = tmp_path / f"{name}-{mode}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
-
-
-def digests(reader, start: int, end: int) -> list[str]:
-    import hashlib
-
-    return [hashlib.sha256(np.frombuffer(reader.read(i), dtype=reader.dtype).astype(np.int64).tobytes())
-            .hexdigest()[:16] for i in range(start, end)]
-
-
-@pytest.mark.parametrize("name", [n for n in REFERENCE if "restart" in REFERENCE[n]])
-def test_restart_is_megatron_relaunched_per_phase(tmp_path, name):
-    case = REFERENCE[name]
-    corpus = open_corpus(reference_config(tmp_path, name, "restart"), progress=False)
-    train = corpus.indices["train"]
-    assert len(train.slices) == len(case["restart"])
-    for s, expected in zip(train.slices, case["restart"]):
-        assert digests(corpus.splits["train"], s.start, s.end) == expected
-    for split in ("valid", "test"):  # not phased: the first phase's arguments
-        assert digests(corpus.splits[split], 0, len(case[split])) == case[split]
-
-
-@pytest.mark.parametrize("name", list(REFERENCE))
-def test_continue_first_phase_is_megatron(tmp_path, name):
-    case = REFERENCE[name]
-    corpus = open_corpus(reference_config(tmp_path, name, "continue"), progress=False)
-    train = corpus.indices["train"]
-    first = case.get("continue_first_phase") or case["first_phase_full"][:train.slices[1].start]
-    assert train.slices[1].start == len(first)
-    assert digests(corpus.splits["train"], 0, len(first)) == first
-    for split in ("valid", "test") if "valid" in case else ():
-        assert digests(corpus.splits[split], 0, len(case[split])) == case[split]
-    # and the later phases follow the rule, from where each dataset stood
-    expected = reference_continue(train.slices, [len(g) for g in train.gpts])
-    assert list(zip(train.blend.dataset_index.tolist(), train.blend.dataset_sample_index.tolist())) == expected
-
 
 # -- the mount --------------------------------------------------------------------
 
@@ -278,78 +177,6 @@ def test_mount_serves_the_phased_run(tmp_path):
             assert f.read_bytes() == b"".join(run.splits["train"].read(i) for i in ids)
             seen += ids
         assert min(seen) < 80 <= max(seen)
-
-
-# -- mistakes ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("phases, extra, key, fragment", [
-    ([TWO_PHASES[0], {**TWO_PHASES[1], "start_iteration": 0}], {}, "phases[1].start_iteration",
-     "not after phases[0]"),
-    ([TWO_PHASES[0], {**TWO_PHASES[1], "start_iteration": 10}, {**TWO_PHASES[1], "start_iteration": 5}], {},
-     "phases[2].start_iteration", "not after phases[1]"),
-    ([TWO_PHASES[0], {"start_samples": 84, "datasets": TWO_PHASES[1]["datasets"]}], {},
-     "phases[1].start_samples", "falls inside iteration 11"),
-    ([TWO_PHASES[0], {"start_tokens": 84 * 32, "datasets": TWO_PHASES[1]["datasets"]}], {},
-     "phases[1].start_tokens", "a phase starts where a global batch starts"),
-    ([TWO_PHASES[0], {"start_iteration": 10, "datasets": [ds("u16_docs", 0), ds("u16_small", 0)]}], {},
-     "phases[1].datasets[0].weight", "positive"),
-    ([TWO_PHASES[0], {"start_iteration": 10, "datasets": [ds("nope", 1.0)]}], {},
-     "phases[1].datasets[0].path", ""),
-    ([TWO_PHASES[0], {**TWO_PHASES[1], "sequence_length": 64}], {}, "phases[1].sequence_length",
-     "cannot change sequence_length"),
-    ([TWO_PHASES[0], {**TWO_PHASES[1], "split": "1,0,0"}], {}, "phases[1].split", "cannot change split"),
-    ([TWO_PHASES[0], {**TWO_PHASES[1], "tokenizer": {"eod": 1}}], {}, "phases[1].tokenizer", "cannot change"),
-    ([TWO_PHASES[0], {"datasets": TWO_PHASES[1]["datasets"]}], {}, "phases[1].start_iteration", "missing"),
-    ([{**TWO_PHASES[0], "start_iteration": 3}], {}, "phases[0].start_iteration", "starts at 0"),
-    ([TWO_PHASES[0], {**TWO_PHASES[1], "start_iteration": 30}], {}, "phases[1].start_iteration",
-     "past the end of training"),
-    (TWO_PHASES, {"phase_mode": "later"}, "phase_mode", "not a phase mode"),
-    ([TWO_PHASES[0], {"start_iteration": 10, "datasets": [{"path": str(DATA / "u16_docs")},
-                                                          {"path": str(DATA / "u16_small")}]}], {},
-     "phases[1].datasets[0].weight", "missing"),
-])
-def test_mistakes_are_one_line_naming_the_key(tmp_path, phases, extra, key, fragment):
-    with pytest.raises(ConfigError) as err:
-        open_corpus(write(tmp_path, phases=phases, **extra), progress=False)
-    message = str(err.value)
-    assert "\n" not in message
-    assert message.split(": ")[1] == key, message
-    assert fragment in message, message
-
-
-def test_restart_needs_a_fixed_batch_size(tmp_path):
-    training = {**TRAINING, "global_batch_size": 16, "rampup_batch_size": [4, 4, 64]}
-    with pytest.raises(ConfigError, match=r": phase_mode: restart is Megatron's --phase-transition-iterations"):
-        open_corpus(write(tmp_path, phases=TWO_PHASES, phase_mode="restart", training=training), progress=False)
-
-
-def test_phases_with_blend_per_split_are_refused(tmp_path):
-    per_split = {"train": TWO_PHASES[0]["datasets"], "valid": TWO_PHASES[0]["datasets"], "test": None}
-    path = write(tmp_path, phases=TWO_PHASES, blend_per_split=per_split, split=None)
-    with pytest.raises(ConfigError, match=r": phases: phases change the train blend"):
-        open_corpus(path, progress=False)
-
-
-def test_a_phase_in_megatrons_data_path_form_and_a_ramp_up(tmp_path):
-    """`data_path` words in a phase, and boundaries counted through a batch-size ramp-up."""
-    training = {**TRAINING, "global_batch_size": 16, "rampup_batch_size": [4, 4, 64]}
-    words = f"0.2 {DATA / 'u16_docs'} 0.8 {DATA / 'u16_small'}"
-    phases = [TWO_PHASES[0], {"start_iteration": 12, "data_path": words}]
-    corpus = open_corpus(write(tmp_path, phases=phases, training=training), progress=False)
-    schedule = corpus.config.training.schedule
-    train = corpus.indices["train"]
-    assert train.slices[1].start == schedule.consumed_before(13)
-    assert [g.spec.name for g in train.gpts] == ["u16_docs", "u16_multiseq", "u16_small"]
-    assert train.slices[1].weights == tuple(megatron_weights([0.2, 0.8]))
-
-
-def test_no_phases_is_todays_config(tmp_path):
-    path = write(tmp_path, datasets=TWO_PHASES[0]["datasets"])
-    corpus = open_corpus(path, progress=False)
-    assert type(corpus.indices["train"]).__name__ == "SplitIndices"
-    assert corpus.config.phases is None and "phases" not in corpus.config.as_dict()
-
 
 # -- mmfs phases ------------------------------------------------------------------
 

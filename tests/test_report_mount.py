@@ -48,3 +48,14 @@ def test_report_page_says_how_to_install_the_extra(tmp_path, monkeypatch):
     done = subprocess.run([sys.executable, "-m", "mmfs.cli", "report", config, "-o", str(tmp_path / "r.html")],
                           capture_output=True, text=True)  # the command: one line, exit 2
     assert (done.returncode, done.stderr.count("\n")) == (2, 1) and "pip install 'mmfs[report]'" in done.stderr
+
+
+def test_mount_of_a_run_in_phases_serves_its_report(tmp_path):
+    from test_report_phases import write
+
+    config = write(tmp_path, "continue")
+    with mounted(config, tmp_path / "mnt") as m:
+        data = m.file("report.html").read_bytes()
+        assert main(["-q", "report", str(m.path), "-o", str(tmp_path / "of-mount.html")]) == 0
+    assert data == (tmp_path / "of-mount.html").read_bytes()
+    assert data.count(b"<h3 class='phase'") == 3

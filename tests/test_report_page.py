@@ -3,7 +3,7 @@ installed by `make test`) opens the file with no network (a network namespace of
 its own when the tests run as root), and the tests check what it rendered: no
 JavaScript errors, every chart with one series per dataset, the sample browser
 against `mmfs which --text`, a screenshot that is not blank. One page and one
-rendering are shared by the tests."""
+rendering are shared by the tests; a run in phases has one page and rendering more."""
 
 import json
 import os
@@ -132,6 +132,29 @@ def test_sample_browser_shows_what_which_says(page, rendered, capsys):
     shown = [(r["sample"], r["cells"]) for r in _dom(rendered[0]).rows]
     assert shown == rows
     assert len({s for s, _ in rows}) == 4  # 2 micro-batches of 2 samples per rank and iteration
+
+
+def test_a_run_in_phases_renders_a_series_per_dataset_and_its_phases(tmp_path_factory):
+    """A restart run of three phases (a dataset added, one dropped): the train charts
+    have one series per dataset of the whole run, the mix marks each phase, and a
+    table per phase follows."""
+    from test_report_phases import NAMES, write
+
+    root = tmp_path_factory.mktemp("report-phases")
+    html = root / "phases.html"
+    assert main(["-q", "report", write(root, "restart"), "-o", str(html), "--iterations", "1,12,30"]) == 0
+    done = _chromium(f"file://{html}", root, "--dump-dom")
+    assert done.returncode == 0, done.stderr[-2000:]
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line and "source: file://" in line]
+    assert not [line for line in console if "Uncaught" in line or "rror" in line], console
+    status = json.loads(_dom(done.stdout).status)
+    assert status["errors"] == []
+    for kind in ("blend", "mix", "lengths", "cuts", "ranks"):
+        assert status["charts"][f"{kind}-train"]["series"] == NAMES, kind
+        assert status["charts"][f"{kind}-valid"]["series"] == NAMES[:2], kind  # the first phase's blend
+    assert sorted(status["charts"]["mix-train"]["labels"]) == ["global batch 8", "phase 0", "phase 1", "phase 2"]
+    assert done.stdout.count("<h3 class=\"phase\"") == 3
+    assert "iteration 1: consumed_samples 0..8, phase 0, rank 0" in done.stdout  # the browser's first iteration
 
 
 def test_screenshot_is_not_blank(page, tmp_path):

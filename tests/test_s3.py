@@ -198,6 +198,9 @@ def test_an_endpoint_that_goes_away_gives_eio_and_comes_back(tmp_path, proxy):
         assert err.value.errno == 5  # EIO
         assert "s3://golden/data/u16_docs.bin: bytes" in b.log.read_text()
         proxy.down = False
+        deadline = time.monotonic() + 60  # a hang guard: the probe finds the store within a second or two
+        while "the store answers again" not in b.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
         for name in first[:20]:  # the daemon lived, and reads again
             assert (b.path / "train/samples" / name).read_bytes() == (a.path / "train/samples" / name).read_bytes()
 

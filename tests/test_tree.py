@@ -13,6 +13,7 @@ from format_helpers import document_tokens
 from golden_cases import case_names, expected_samples, write_case_config
 from mmfs.megatron import open_corpus
 from mmfs.mount.contract import DOCUMENTS, SEQUENCES, XATTR_DATASET, XATTR_PIECES, dataset_dir, name_width
+from mmfs.mount.report_file import MadeFile
 from mmfs.mount.tree import (
     DIR_MODE,
     FILE_MODE,
@@ -131,6 +132,20 @@ def test_listing_resumes_at_any_offset(tree: Tree):
     root = tree.lookup("/")
     full_root = list(tree.entries(root))
     assert list(tree.entries(root, 2)) == full_root[2:]
+
+
+def test_listing_does_not_make_a_made_file(tree: Tree):
+    """A listing gives each entry's type; report.html's size (made by an `mmfs report`
+    child) is asked only by a stat of it, not by `ls` or os.listdir of the root."""
+    made = []
+    page = MadeFile(lambda: made.append(1) or b"<html></html>", 0)
+    root = Dir(0, {"mmfs.json": Blob(b"{}", 0), "train": Dir(0), "samples": Link("train/samples", 0),
+                   "report.html": page})
+    listed = list(tree.entries(root))
+    assert listed == [("mmfs.json", FILE_MODE), ("train", DIR_MODE), ("samples", LINK_MODE),
+                      ("report.html", FILE_MODE)]
+    assert made == []
+    assert tree.attr(page).size == len(b"<html></html>") and made == [1]
 
 
 def test_samples_bytes_and_ranges(tree: Tree):

@@ -3,6 +3,7 @@ Megatron's string and file forms of them, the split string, text datasets."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -15,11 +16,14 @@ from mmfs.config.safe_yaml import show
 from mmfs.config.tokenizer import TokenizerBlock
 from mmfs.formats import dataset_problem, dataset_stem
 from mmfs.storage import StorageError, StorageUnavailable, scheme_of
+from mmfs.storage.file import read_text_file
 from mmfs.text.dataset import TextDataset, text_dataset, text_stem
 from mmfs.text.source import is_text_input
 
 SPLITS = ("train", "valid", "test")
 DATASET_KEYS = {"path", "weight", "name", "json_key"}
+
+MAX_NAME = 255  # bytes of a dataset's name: a folder of the mount
 
 
 @dataclass(frozen=True)
@@ -164,9 +168,11 @@ def parse_blend(value: Any, checker: Checker, key: str, base_dir: str,
             name = checked[file]
         if name is None:
             name = text_stem(file) if json_key is not None else os.path.basename(dataset_stem(file))
+            if len(name.encode()) > MAX_NAME:  # an object key's last part may be 1,024 bytes: kept unique
+                name = f"{name[:MAX_NAME - 41]}-{hashlib.sha256(name.encode()).hexdigest()[:40]}"
             if checked is not None:
                 checked[file] = name
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._+-]{1,255}", name) \
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._+-]{1,%d}" % MAX_NAME, name) \
                 or name in (".", ".."):
             raise checker.fail(
                 f"{where}.name",
@@ -224,6 +230,10 @@ def with_texts(blend: Blend, tokenizer: TokenizerBlock, folder: str, checker: Ch
 
 # -- Megatron's own forms of the data arguments -----------------------------------
 
+# The largest file of Megatron's data arguments (data_args_path, per_split_data_args_path,
+# and `mmfs config --from-megatron @FILE`) read: some 5 million dataset paths.
+MAX_ARGS_FILE = 256 << 20
+
 DATA_SOURCES = ("datasets", "data_path", "blend_per_split", "data_args_path", "per_split_data_args_path")
 
 
@@ -243,6 +253,9 @@ def megatron_data_source(raw: dict, source: str, checker: Checker, base_dir: str
         text = _read_text(value, checker, source, base_dir)
         try:
             per_split = json.loads(text)
+        except RecursionError:
+            raise checker.fail(source, f"{value} nests deeper than Python's JSON reader goes; "
+                                       "give a flat {train, valid, test} object") from None
         except ValueError as exc:
             raise checker.fail(source, f"{value} is not JSON ({exc})") from None
         if not isinstance(per_split, dict):
@@ -263,9 +276,7 @@ def megatron_data_source(raw: dict, source: str, checker: Checker, base_dir: str
 
 def _read_text(value: Any, checker: Checker, key: str, base_dir: str) -> str:
     path = checker.path_text(value, key, "a file path")
-    file = os.path.join(base_dir, path)
     try:
-        with open(file, encoding="utf-8") as f:
-            return f.read(1 << 24)  # 16 MiB: far above any list of datasets
-    except (OSError, UnicodeDecodeError) as exc:
-        raise checker.fail(key, f"cannot read {file}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+        return read_text_file(os.path.join(base_dir, path), MAX_ARGS_FILE, "arguments file")
+    except StorageError as exc:
+        raise checker.fail(key, str(exc)) from None

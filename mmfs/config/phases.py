@@ -150,8 +150,22 @@ def parse_phases(raw: dict, checker: Checker, base_dir: str, top: Blend | None, 
             raise checker.fail(f"{key}.{_start_key(entry)}",
                                f"starts at sample {start:,}, at or past the end of training "
                                f"({total:,} train samples); remove the phase or train longer")
-        out.append(Phase(k, key, start, iteration, _blend(entry, key, k, checker, base_dir, top, checked)))
+        blend = _blend(entry, key, k, checker, base_dir, top, checked)
+        if mode == "continue":
+            _no_twice(blend, entry, key, checker)
+        out.append(Phase(k, key, start, iteration, blend))
     return Phases(mode, tuple(out), total)
+
+
+def _no_twice(blend: Blend, entry: dict, key: str, checker: Checker) -> None:
+    """Under continue a dataset has one position: it is named once a phase."""
+    seen: dict[str, int] = {}
+    where = f"{key}.{'data_path' if entry.get('data_path') is not None else 'datasets'}"
+    for i, d in enumerate(blend.datasets):
+        if d.file in seen:
+            raise checker.fail(f"{where}[{i}].path", f"names {d.name} a second time in the phase (first as "
+                                                     f"[{seen[d.file]}]); give it once, with the two weights summed")
+        seen[d.file] = i
 
 
 def _start_key(entry: dict) -> str:
@@ -217,6 +231,4 @@ def _blend(entry: dict, key: str, k: int, checker: Checker, base_dir: str, top: 
             raise checker.fail(f"{where}[0].weight", "missing: a phase blends its datasets by weight; "
                                                      "give each one a weight")
         return Blend((replace(blend.datasets[0], weight=1.0),))  # one dataset: all of the phase
-    if not sum(blend.weights) > 0:
-        raise checker.fail(where, "the weights sum to 0; give at least one dataset a weight above 0")
-    return blend
+    return blend  # (every weight is above 0: parse_blend refuses 0, so no phase's weights sum to 0)

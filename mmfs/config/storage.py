@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import re
+from fractions import Fraction
 from typing import Any
 
-from mmfs.storage.settings import StorageSettings
+from mmfs.config.safe_yaml import show
+from mmfs.storage.redact import shown_url
+from mmfs.storage.settings import StorageSettings, endpoint_problem
 
 STORAGE_KEYS = {"endpoint_url", "region", "anonymous", "cache_dir", "cache_limit", "prefetch",
                 "max_requests", "request_timeout", "retries"}
@@ -26,7 +29,7 @@ def parse_size(value: Any, key: str, checker) -> int:
         m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
         if not m or m.group(2).lower() not in _UNITS:
             raise checker.fail(key, f"{value!r} is not a size; write bytes or like \"50GB\", \"512MiB\"")
-        size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        size = int(Fraction(m.group(1)) * _UNITS[m.group(2).lower()])  # exact, and no float overflow
     return checker.integer(size, key, minimum=0, maximum=2**62)
 
 
@@ -39,9 +42,13 @@ def parse_storage(value: Any, checker, base_dir: str) -> StorageSettings:
     out: dict[str, Any] = {}
     endpoint = value.get("endpoint_url")
     if endpoint is not None:
-        if not isinstance(endpoint, str) or not re.fullmatch(r"https?://[^\s/]+(/\S*)?", endpoint):
-            raise checker.fail("storage.endpoint_url", f"expected a URL like http://127.0.0.1:9000, "
-                                                       f"got {endpoint!r}")
+        if not isinstance(endpoint, str):
+            raise checker.fail("storage.endpoint_url",
+                               f"expected a URL like http://127.0.0.1:9000, got {show(endpoint)}")
+        problem = endpoint_problem(endpoint)
+        if problem is not None:
+            raise checker.fail("storage.endpoint_url", f"expected a URL like http://127.0.0.1:9000: "
+                                                       f"{shown_url(endpoint)!r} {problem}")
         out["endpoint_url"] = endpoint.rstrip("/")
     region = value.get("region")
     if region is not None:
@@ -72,6 +79,11 @@ def parse_storage(value: Any, checker, base_dir: str) -> StorageSettings:
     if value.get("retries") is not None:
         out["retries"] = checker.integer(value["retries"], "storage.retries", minimum=0, maximum=20)
     settings = StorageSettings(**out)
+    if settings.prefetch > settings.cache_limit // 2 and "prefetch" not in out:
+        raise checker.fail("storage.cache_limit", f"{settings.cache_limit} bytes is less than twice the default "
+                                                  f"storage.prefetch ({settings.prefetch >> 20} MiB): give at least "
+                                                  f"{2 * settings.prefetch >> 20} MiB, or set storage.prefetch to at "
+                                                  "most half of it")
     if settings.prefetch > settings.cache_limit // 2:
         raise checker.fail("storage.prefetch", f"{settings.prefetch} bytes is more than half of "
                                                f"storage.cache_limit ({settings.cache_limit}): what is "

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 
 def describe_phases(split: Any) -> dict[str, Any]:
     """split: a PhasedSplit (megatron/phasebuild.py)."""
@@ -43,19 +45,58 @@ def describe_phases(split: Any) -> dict[str, Any]:
 
 
 def served_before(reader: Any) -> list[int]:
-    """Per phase, how many of its samples hold exactly the tokens of a sample served
-    earlier in the run (the same dataset file, the same pieces of its sequences):
-    under restart, what a relaunched phase trains on again; under continue, only a
-    used-up dataset's next pass. reader: the train SplitReader of a phased run.
-    Walks every sample: a report's job, not a mount's."""
-    seen: set = set()
-    out = []
-    for s in reader.indices.slices:
-        again = 0
-        for i in range(s.start, s.end):
-            gpt, k = reader.locate(i)
-            key = (gpt.gpt.spec.file, tuple(gpt.pieces(k)))
-            again += key in seen
-            seen.add(key)
-        out.append(again)
-    return out
+    """Per phase, how many of its samples hold the tokens of a sample served earlier
+    in the run (the same dataset file, the same token range of its sequences): under
+    restart, what a relaunched phase trains on again; under continue, only a used-up
+    dataset's next pass. reader: the train SplitReader of a phased run.
+
+    A sample is known by its dataset file, its first and last sequence and the
+    offsets in them, the number of sequences it spans and a sum of random 64-bit
+    tags of those sequences (two GPTDatasets of one file order their sequences
+    differently, so sample ids cannot be compared); the whole key is hashed to 64
+    bits, vectorised over the run (a collision among n samples has odds about
+    n^2 / 2^65)."""
+    split = reader.indices
+    dataset_index = np.asarray(split.blend.dataset_index)
+    dataset_sample_index = np.asarray(split.blend.dataset_sample_index)
+    keys = np.empty(len(dataset_index), dtype=np.uint64)
+    files = {}
+    tags: dict[str, np.ndarray] = {}
+    order = np.argsort(dataset_index, kind="stable")  # the run's samples, grouped by GPTDataset
+    bounds = np.zeros(len(split.gpts) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dataset_index, minlength=len(split.gpts)), out=bounds[1:])
+    with np.errstate(over="ignore"):
+        for g, gpt in enumerate(split.gpts):
+            mask = order[bounds[g]:bounds[g + 1]]
+            if not len(mask):
+                continue
+            file = gpt.spec.file
+            file_id = files.setdefault(file, len(files))
+            doc_index = _mapped(gpt, "document_index")
+            if file not in tags:  # one random tag per sequence id of the file
+                size = int(doc_index.max()) + 1 if len(doc_index) else 0
+                tags[file] = np.random.default_rng(file_id).integers(0, 2**63, size, dtype=np.uint64)
+            prefix = np.zeros(len(doc_index) + 1, dtype=np.uint64)
+            np.cumsum(tags[file][doc_index], out=prefix[1:])
+            u = _mapped(gpt, "shuffle_index")[dataset_sample_index[mask]].astype(np.int64)
+            sample_index = _mapped(gpt, "sample_index")
+            start, end = sample_index[u].astype(np.int64), sample_index[u + 1].astype(np.int64)
+            parts = [np.full(len(u), file_id, dtype=np.uint64), doc_index[start[:, 0]].astype(np.uint64),
+                     start[:, 1].astype(np.uint64), doc_index[end[:, 0]].astype(np.uint64),
+                     end[:, 1].astype(np.uint64), (end[:, 0] - start[:, 0]).astype(np.uint64),
+                     prefix[end[:, 0] + 1] - prefix[start[:, 0]]]
+            key = np.zeros(len(u), dtype=np.uint64)
+            for part in parts:  # FNV-style mixing of the parts
+                key = (key ^ part) * np.uint64(0x100000001B3) + np.uint64(0x9E3779B97F4A7C15)
+            keys[mask] = key
+    _, first = np.unique(keys, return_index=True)
+    repeated = np.ones(len(keys), dtype=bool)
+    repeated[first] = False  # the first time each key is served
+    return [int(repeated[s.start:s.end].sum()) for s in split.slices]
+
+
+def _mapped(gpt: Any, name: str) -> np.ndarray:
+    """A GPTDataset's array, mapped for this use only (a run of thousands of
+    GPTDatasets would otherwise hold a file descriptor per mapped array)."""
+    array = gpt.raw(name)
+    return array.map() if hasattr(array, "map") else np.asarray(array)

@@ -94,6 +94,11 @@ class Generated(NamedTuple):
 Node = Dir | Blob | MadeFile | Link | Generated
 
 
+def mode_of(node: Node) -> int:
+    """A node's file type, known without its size (a MadeFile's is made on first use)."""
+    return DIR_MODE if isinstance(node, Dir) else LINK_MODE if isinstance(node, Link) else FILE_MODE
+
+
 def _mtime_ns(paths: list[str]) -> int:
     times = []
     for p in paths:
@@ -229,7 +234,7 @@ class Tree:
                 yield name, FILE_MODE
             return
         for name, child in list(d.entries.items())[max(start, 0):]:
-            yield name, self.attr(child).mode
+            yield name, mode_of(child)  # not attr(): a listing must not make report.html to size it
 
     def read(self, node: Node, offset: int, size: int) -> bytes:
         """Bytes [offset, offset + size) of a file node (short at the end)."""

@@ -35,6 +35,43 @@ def file_problem(path: str) -> str | None:
     return f"is {kind}, not a regular file"
 
 
+def sized_file_problem(path: str, limit: int, what: str) -> str | None:
+    """Why `path` is not a regular file of at most `limit` bytes (`what` it should
+    hold names the limit), or None. Nothing is opened: a FIFO would block the read,
+    /dev/zero or a huge sparse file would fill memory."""
+    problem = file_problem(path)
+    if problem is None:
+        size = os.path.getsize(path)
+        if size > limit:
+            problem = f"is {size:,} bytes, more than any {what} ({limit >> 20} MiB at most)"
+    return problem
+
+
+def read_text_file(path: str, limit: int, what: str) -> str:
+    """The whole UTF-8 text of a regular file of at most `limit` bytes; StorageError
+    naming the file and why not (never a cut text, never a blocked read)."""
+    problem = sized_file_problem(path, limit, what)
+    if problem is None:
+        try:  # non-blocking: a FIFO put in the file's place since the check opens at once
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
+            problem = f"cannot be read ({exc.strerror or exc})"
+    if problem is None:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                problem = "is not a regular file"
+            else:
+                data = f.read(limit + 1)
+                if len(data) > limit:
+                    problem = f"grew past {limit >> 20} MiB while read (any {what} is smaller)"
+    if problem is not None:
+        raise StorageError(f"{path}: {problem}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StorageError(f"{path}: not UTF-8 text (byte {exc.start}); give the {what} as text") from None
+
+
 class FileSource:
     """A regular file. Its identity is (size, mtime_ns, inode) at open."""
 

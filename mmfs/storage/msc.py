@@ -4,6 +4,9 @@ credentials) comes from MSC's own configuration (MSC_CONFIG, ~/.msc_config.yaml)
 the `storage:` block's endpoint and credentials do not apply, its cache and
 prefetch keys do.
 
+MSC asks again itself (the profile's `retry:` settings), so mmfs adds no attempts
+of its own: `storage.retries` and `request_timeout` do not apply.
+
 MSC's ranged read takes no ETag condition, so each fetch is followed by a look at
 the object's ETag: a range read while the object was replaced is an error, never
 a mix of old and new bytes. That costs a metadata request per fetch; a bucket
@@ -29,6 +32,8 @@ def _msc():
 class MscObject(RemoteObject):
     """One object of an MSC profile: looked up once, read by ranges."""
 
+    asks_again = False
+
     def __init__(self, url: str, settings: StorageSettings) -> None:
         msc = _msc()
         try:  # the client is MSC's, cached per profile and remade after a fork
@@ -49,8 +54,9 @@ class MscObject(RemoteObject):
                                      "credentials") from None
         return int(meta.content_length), str(meta.etag or "")
 
-    def _get(self, offset: int, n: int) -> bytes:
+    def _get_into(self, offset: int, buffer: memoryview) -> None:
         msc = _msc()
+        n = len(buffer)
         try:
             body = self.client.read(self.path, byte_range=msc.types.Range(offset=offset, size=n))
             etag = str(self.client.info(self.path).etag or "")
@@ -60,7 +66,9 @@ class MscObject(RemoteObject):
             raise Transient(short(exc)) from None
         if etag != self.etag:
             raise Changed()
-        return bytes(body)
+        if len(body) != n:
+            raise Transient(f"short body: {len(body)} of {n} bytes")
+        buffer[:] = body
 
 
 register_backend("msc", MscObject)

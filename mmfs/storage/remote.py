@@ -1,47 +1,57 @@
 """What every object-storage backend shares: an object looked up once (size and
-ETag), ranged fetches retried with backoff and jitter and checked for length, the
-process's range cache for token bytes, and whole local copies for index files.
+ETag), ranged fetches asked again with backoff and jitter, a store that stopped
+answering failed fast until it answers again, the process's range cache for token
+bytes, and whole local copies for index files.
 
 A backend (s3.py, msc.py) supplies a RemoteObject subclass: `_lookup` (size and
-ETag, or NotThere / StorageUnavailable) and `_get` (the bytes of a range, raising
-Changed, Permanent or Transient); `register_backend` then makes its URL scheme
-openable.
+ETag, or NotThere / StorageUnavailable) and `_get_into` (one attempt at the bytes
+of a range, checked against the range asked for, raising Changed, Permanent or
+Transient); `register_backend` then makes its URL scheme openable.
+
+How long a read can wait (docs/object-storage.md, "When the store fails"): a
+request is at most `retries + 1` attempts, each ended at `request_timeout` (the
+whole answer, for s3://), with a backoff of at most BACKOFF_MAX seconds between
+two. A request that used them all on transient failures marks the store down:
+from then on a fetch fails at once, without a request, and one thread asks the
+store for a byte every PROBE_SECONDS until it answers; then fetches go on.
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
+import hashlib
 import logging
 import os
 import random
 import shutil
 import threading
 import time
+import zlib
 from typing import Any, Callable
 
 from mmfs.processes import pid_alive
 from mmfs.storage.base import StorageError, StorageUnavailable, register_scheme
 from mmfs.storage.file import FileSource
 from mmfs.storage.rangecache import RangeCache
+from mmfs.storage.redact import redact
 from mmfs.storage.settings import StorageSettings, copy_path, current
 
 log = logging.getLogger(__name__)
-# The clients' own INFO lines ("Found credentials in ...", endpoints) are not the user's
-for _chatty in ("botocore", "multistorageclient"):
-    logging.getLogger(_chatty).setLevel(logging.WARNING)
+# The libraries' own lines (botocore's credential notes, urllib3's and MSC's retry
+# warnings) stay out of the log: a failure reaches mmfs as an exception, and the
+# read that it fails logs it in one line of its own.
+for _chatty in ("botocore", "boto3", "urllib3", "s3transfer", "multistorageclient"):
+    logging.getLogger(_chatty).setLevel(logging.CRITICAL + 1)
 
-SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-
+BACKOFF_MAX = 5.0  # seconds between two attempts, at most (before jitter of +-50 %)
+PROBE_SECONDS = 1.0  # between two probes of a store that is down
 
 def short(exc: BaseException) -> str:
-    """An error's message on one line, without a secret that might be in it."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    for name in SECRET_ENV:
-        secret = os.environ.get(name)
-        if secret:
-            text = text.replace(secret, "***")
-    return text[:300]
+    """A storage library's error message on one line, without a secret that might be
+    in it (redact.py), cut to 300 characters."""
+    return redact(" ".join(str(exc).split()) or type(exc).__name__)[:300]
 
 
 class Changed(Exception):
@@ -56,8 +66,78 @@ class Transient(Exception):
     """A failure worth another try (throttled, 5xx, timeout, cut connection)."""
 
 
+class StoreDown:
+    """Whether the store of a backend and settings answers: down from the moment a
+    request exhausted its attempts on transient failures, until a probe (one
+    attempt at one byte, from one thread) gets an answer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.since: str | None = None  # when it went down (a clock time for the message)
+        self.reason = ""  # the last failure of the request that found it down
+        self.probes = 0
+
+    def check(self, url: str, offset: int, end: int) -> None:
+        since = self.since
+        if since is not None:
+            raise StorageError(f"{url}: bytes {offset}..{end}: the store has not answered since {since} "
+                               f"({self.reason}); reads fail until it does")
+
+    def went_down(self, obj: RemoteObject, reason: str) -> None:
+        with self._lock:
+            if self.since is not None:
+                return
+            self.since, self.reason = time.strftime("%H:%M:%S"), reason
+        # no line of its own: each read it fails says so in its own line
+        threading.Thread(target=self._probe, args=(obj,), name="mmfs-store-probe", daemon=True).start()
+
+    def _probe(self, obj: RemoteObject) -> None:
+        while obj.size:
+            time.sleep(PROBE_SECONDS)
+            self.probes += 1
+            try:
+                obj._get_into(0, memoryview(bytearray(1)))
+            except Transient:
+                continue
+            except (Changed, Permanent):
+                pass  # an answer: the store is there (the reads say what is wrong)
+            break
+        with self._lock:
+            self.since = None
+        log.info("%s: the store answers again; reads go on", obj.url)
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before attempt `attempt` (1, 2, ...), jitter left out."""
+    return min(BACKOFF_MAX, 0.05 * 2 ** attempt)
+
+
+def longest_wait(settings: StorageSettings) -> float:
+    """The longest a request (so a read) waits for the store before it fails:
+    every attempt to its deadline, every backoff at its jitter's longest."""
+    return (settings.retries + 1) * settings.request_timeout + sum(
+        1.5 * backoff(a) for a in range(1, settings.retries + 1))
+
+
+_DOWN: dict[tuple, StoreDown] = {}
+_DOWN_LOCK = threading.Lock()
+
+
+def store_down(kind: type, settings: StorageSettings) -> StoreDown:
+    """This process's StoreDown of a backend for the settings (one per store)."""
+    key = (os.getpid(), kind, settings)
+    with _DOWN_LOCK:
+        return _DOWN.setdefault(key, StoreDown())
+
+
 class RemoteObject:
     """One object as looked up: `size`, `etag`, and ranged fetches."""
+
+    # whether fetch asks again itself (False: the backend's client does, counted there)
+    asks_again = True
+    # the store's checksum of the whole object, when it gives one we can check:
+    # ("CRC32" | "SHA1" | "SHA256", base64 of the digest); set by _lookup
+    checksum: tuple[str, str] | None = None
 
     def __init__(self, url: str, settings: StorageSettings) -> None:
         self.url = url
@@ -70,36 +150,37 @@ class RemoteObject:
     def _lookup(self) -> tuple[int, str]:
         raise NotImplementedError
 
-    def _get(self, offset: int, n: int) -> bytes:
+    def _get_into(self, offset: int, buffer: memoryview) -> None:
+        """One attempt: fill `buffer` with the bytes at `offset`, or raise."""
         raise NotImplementedError
 
     def fetch(self, offset: int, buffer: memoryview) -> None:
-        """Fill `buffer` with the bytes at `offset`, asking again with backoff and
-        jitter while the answer is a transient failure or a body of the wrong size."""
-        n = len(buffer)
-        end = offset + n
+        """Fill `buffer` with the bytes at `offset`: at most `retries + 1` attempts,
+        with backoff and jitter between them while the failures are transient.
+        Fails at once while the store is down."""
+        end = offset + len(buffer)
+        down = store_down(type(self), self.settings)
+        down.check(self.url, offset, end)
+        attempts = self.settings.retries + 1 if self.asks_again else 1
         last = ""
-        for attempt in range(self.settings.retries + 1):
+        for attempt in range(attempts):
             if attempt:
+                time.sleep(backoff(attempt) * (0.5 + random.random()))
+                down.check(self.url, offset, end)  # another request found it down meanwhile
                 self.retried += 1
-                time.sleep(min(5.0, 0.05 * 2 ** attempt) * (0.5 + random.random()))
             self.requests += 1
             try:
-                body = self._get(offset, n)
+                self._get_into(offset, buffer)
+                return
             except Changed:
                 raise StorageError(f"{self.url}: the object changed since it was opened (its ETag "
                                    f"is no longer {self.etag}); remount to read the new one") from None
             except Permanent as exc:
-                last = str(exc)
-                break
+                raise StorageError(f"{self.url}: bytes {offset}..{end}: {exc}") from None
             except Transient as exc:
                 last = str(exc)
-                continue
-            if len(body) == n:
-                buffer[:] = body
-                return
-            last = f"short body: {len(body)} of {n} bytes"
-        raise StorageError(f"{self.url}: bytes {offset}..{end}: {last}")
+        down.went_down(self, last)
+        raise StorageError(f"{self.url}: bytes {offset}..{end}: {last} ({attempts} attempts)")
 
 
 _RANGES: dict[str, RangeCache] = {}
@@ -115,7 +196,12 @@ def range_cache(settings: StorageSettings) -> RangeCache:
         cache = _RANGES.get(folder)
         if cache is None:
             _remove_dead(root)
-            cache = _RANGES[folder] = RangeCache(folder, settings.cache_limit)
+            try:
+                cache = _RANGES[folder] = RangeCache(folder, settings.cache_limit)
+            except OSError as exc:  # not "no dataset": the cache folder is the problem
+                raise StorageUnavailable(f"{settings.cache_folder}: cannot keep fetched ranges there "
+                                         f"({exc.strerror or exc}); set storage.cache_dir to a writable "
+                                         "folder with room") from None
             atexit.register(cache.close)
         return cache
 
@@ -169,23 +255,41 @@ class LocalCopy(FileSource):
         self.identity = obj.identity
 
 
-def local_copy(obj: RemoteObject) -> LocalCopy:
-    """The object as a file in `<cache>/objects/`, downloaded once per URL and ETag
-    (written under a temporary name, then renamed: processes may share the folder)."""
+def kept_copy(obj: RemoteObject) -> LocalCopy | None:
+    """The object's local copy if one of this URL and ETag is there already."""
     path = copy_path(obj.url, obj.identity)
-    folder = os.path.dirname(path)
     with contextlib.suppress(OSError):
         if os.path.getsize(path) == obj.size:
             return LocalCopy(path, obj)
+    return None
+
+
+def local_copy(obj: RemoteObject) -> LocalCopy:
+    """The object as a file in `<cache>/objects/`, downloaded once per URL and ETag
+    (written under a temporary name, then renamed: processes may share the folder)."""
+    kept = kept_copy(obj)
+    if kept is not None:
+        return kept
+    path = copy_path(obj.url, obj.identity)
+    folder = os.path.dirname(path)
     tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
     try:
         os.makedirs(folder, exist_ok=True)
-        with open(tmp, "wb") as f:
-            chunk = 8 << 20
-            for at in range(0, obj.size, chunk):
-                buf = bytearray(min(chunk, obj.size - at))
-                obj.fetch(at, memoryview(buf))
-                f.write(buf)
+        for attempt in range(2):  # a copy whose checksum is not the store's: once more
+            digest = _Digest(obj.checksum)
+            with open(tmp, "wb") as f:
+                chunk = 8 << 20
+                for at in range(0, obj.size, chunk):
+                    buf = bytearray(min(chunk, obj.size - at))
+                    obj.fetch(at, memoryview(buf))
+                    digest.update(buf)
+                    f.write(buf)
+            if digest.matches():
+                break
+            os.unlink(tmp)
+            if attempt:
+                raise StorageError(f"{obj.url}: the bytes fetched twice do not have the store's "
+                                   f"{obj.checksum[0]} checksum; check the network path to the store")
         os.replace(tmp, path)
     except OSError as exc:
         with contextlib.suppress(OSError):
@@ -197,22 +301,50 @@ def local_copy(obj: RemoteObject) -> LocalCopy:
     return LocalCopy(path, obj)
 
 
+class _Digest:
+    """The checksum of bytes as they come, against the store's (None: nothing to check)."""
+
+    def __init__(self, checksum: tuple[str, str] | None) -> None:
+        self.checksum = checksum
+        self.crc = 0
+        self.hash = hashlib.new(checksum[0].lower()) if checksum and checksum[0] != "CRC32" else None
+
+    def update(self, data: bytes | bytearray) -> None:
+        if self.hash is not None:
+            self.hash.update(data)
+        elif self.checksum:
+            self.crc = zlib.crc32(data, self.crc)
+
+    def matches(self) -> bool:
+        if not self.checksum:
+            return True
+        digest = self.hash.digest() if self.hash is not None else self.crc.to_bytes(4, "big")
+        return base64.b64encode(digest).decode() == self.checksum[1]
+
+
 _OPENED: dict[tuple[str, bool, StorageSettings], Any] = {}
+_LOOKED_UP: dict[tuple[str, StorageSettings], RemoteObject] = {}
 _OPENED_LOCK = threading.Lock()
 
 
 def register_backend(scheme: str, make_object: Callable[[str, StorageSettings], RemoteObject]) -> None:
     """Make `scheme://` URLs openable: each is looked up once per process and
-    settings; `whole=True` (an index file) gives a local copy."""
+    settings (one HEAD); `whole=True` (an index file) gives a local copy, and so
+    does a ranged open of an object whose current copy is kept already (its first
+    bytes are read from disk, not fetched)."""
 
     def open_remote(url: str, whole: bool = False, **_options) -> Any:
         settings = current()
         key = (url, whole, settings)
         with _OPENED_LOCK:
             source = _OPENED.get(key)
+            obj = _LOOKED_UP.get((url, settings))
         if source is None:
-            obj = make_object(url, settings)
-            source = local_copy(obj) if whole else RemoteSource(obj)
+            if obj is None:
+                obj = make_object(url, settings)
+                with _OPENED_LOCK:
+                    obj = _LOOKED_UP.setdefault((url, settings), obj)
+            source = local_copy(obj) if whole else (kept_copy(obj) or RemoteSource(obj))
             with _OPENED_LOCK:
                 source = _OPENED.setdefault(key, source)
         return source

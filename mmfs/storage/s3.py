@@ -1,28 +1,40 @@
 """Objects in S3 (and S3-compatible stores) as sources: `s3://bucket/key`.
 
-The client is boto3, as megatron-core's own S3 reader uses: the standard
-credential chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_SESSION_TOKEN,
-AWS_PROFILE, ~/.aws/config and credentials, AWS_ENDPOINT_URL, AWS_REGION), none
-of it ever written to a message. (obstore costs a quarter of the CPU per ranged
-GET, but its runtime does not survive the fork that makes the mount daemon: a
-request in the forked process hangs.) Clients are made per process for the same
-reason.
+An object is looked up (HEAD) with boto3, as megatron-core's own S3 reader
+reads: the standard credential chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/
+AWS_SESSION_TOKEN, AWS_PROFILE, ~/.aws/config and credentials, AWS_ENDPOINT_URL,
+AWS_REGION, an instance role), none of it ever written to a message. boto3 also
+says where the object's bytes are (the URL it would address, path- or
+virtual-host-style) and in which region requests are signed.
+
+Its bytes are fetched by ranged GETs on mmfs's own connections (http.py), signed
+here (sigv4.py) with the credentials of that same chain, asked for afresh on every
+request (temporary ones are refreshed by botocore): a ranged GET through botocore
+costs about five times the CPU (benchmarks/s3_clients.py). (obstore costs about
+half of this path, but its runtime does not survive the fork that makes the mount
+daemon: a request in the forked process hangs.) Clients and connections are made
+per process for the same reason.
 
 Every GET is conditional on the ETag seen when the object was looked up
 (If-Match), so an object replaced while it is read is an error, never a mix of
-old and new bytes. botocore's standard retries cover throttling, 5xx answers and
-timeouts; remote.py retries broken and short bodies.
+old and new bytes. remote.py asks again, `retries` times at most; the lookup's
+HEAD is retried by botocore the same number of times, once.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from mmfs.storage.base import NotThere, StorageError, StorageUnavailable
+from mmfs.storage.http import BadAnswer, Deadlines, Endpoint
+from mmfs.storage.redact import shown_url
 from mmfs.storage.remote import Changed, Permanent, RemoteObject, Transient, register_backend, short
-from mmfs.storage.settings import StorageSettings
+from mmfs.storage.settings import StorageSettings, endpoint_problem, environment_endpoint
+from mmfs.storage.sigv4 import Signer
 
 
 def _boto3():
@@ -44,38 +56,98 @@ def split_url(url: str) -> tuple[str, str]:
     return bucket, key
 
 
-_CLIENTS: dict[tuple, Any] = {}
-_CLIENTS_LOCK = threading.Lock()
+@dataclass
+class Store:
+    """This process's way to a store for the settings: boto3 for lookups, and the
+    fetch path's connections, deadlines and credentials."""
+
+    settings: StorageSettings
+    deadlines: Deadlines = field(default_factory=Deadlines)
+    endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _session: Any = None
+    _client: Any = None
+
+    @property
+    def session(self) -> Any:
+        with self.lock:
+            if self._session is None:
+                boto3, botocore = _boto3()
+                try:
+                    self._session = boto3.session.Session()
+                except botocore.exceptions.BotoCoreError as exc:  # a malformed profile, say
+                    raise _setup_failed(exc) from None
+            return self._session
+
+    @property
+    def client(self) -> Any:
+        """boto3's client (made on first use: a mount daemon that only fetches never
+        needs one, and making it costs a fraction of a second)."""
+        session = self.session
+        with self.lock:
+            if self._client is None:
+                self._client = _make_client(session, self.settings)
+            return self._client
+
+    def endpoint(self, base: str) -> Endpoint:
+        with self.lock:
+            made = self.endpoints.get(base)
+            if made is None:
+                # as many idle connections as requests can be in flight: the prefetch
+                # pool's and the readers' own pieces (max_requests each), and the reads
+                # of the FUSE threads themselves
+                made = self.endpoints[base] = Endpoint(base, 2 * self.settings.max_requests + 16, self.deadlines)
+            return made
+
+    def credentials(self) -> Any:
+        """Frozen credentials of the chain now (None: unsigned requests)."""
+        if self.settings.anonymous:
+            return None
+        found = self.session.get_credentials()
+        return found.get_frozen_credentials() if found is not None else None
 
 
-def client(settings: StorageSettings) -> Any:
-    """This process's client for the settings (a client does not survive a fork)."""
+_STORES: dict[tuple, Store] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def store(settings: StorageSettings) -> Store:
+    """This process's store for the settings (a client does not survive a fork)."""
     key = (os.getpid(), settings)
-    with _CLIENTS_LOCK:
-        made = _CLIENTS.get(key)
+    with _STORES_LOCK:
+        made = _STORES.get(key)
         if made is None:
-            made = _CLIENTS[key] = _make_client(settings)
+            made = _STORES[key] = Store(settings)
         return made
 
 
-def _make_client(settings: StorageSettings) -> Any:
-    boto3, botocore = _boto3()
+def client(settings: StorageSettings) -> Any:
+    return store(settings).client
+
+
+def _make_client(session: Any, settings: StorageSettings) -> Any:
+    _, botocore = _boto3()
+    from_env = environment_endpoint()
+    if from_env and not settings.endpoint_url and endpoint_problem(from_env[1]):  # botocore would trace back
+        raise StorageUnavailable(f"{from_env[0]}: {shown_url(from_env[1])!r} {endpoint_problem(from_env[1])}")
     options: dict[str, Any] = {
         "connect_timeout": settings.request_timeout, "read_timeout": settings.request_timeout,
-        "retries": {"mode": "standard", "max_attempts": settings.retries + 1},
-        "max_pool_connections": settings.max_requests + 4,  # the readers' own, beside the prefetch
+        "retries": {"mode": "standard", "total_max_attempts": settings.retries + 1},
     }
     if settings.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
         options["s3"] = {"addressing_style": "path"}  # as S3-compatible stores want
     if settings.anonymous:
         options["signature_version"] = botocore.UNSIGNED
     try:
-        return boto3.session.Session().client(
-            "s3", endpoint_url=settings.endpoint_url, region_name=settings.region,
-            config=botocore.config.Config(**options))
+        return session.client("s3", endpoint_url=settings.endpoint_url, region_name=settings.region,
+                              config=botocore.config.Config(**options))
     except botocore.exceptions.BotoCoreError as exc:  # a malformed profile, say
-        raise StorageUnavailable(f"cannot set up the S3 client ({short(exc)}); check "
-                                 "AWS_PROFILE and ~/.aws/config") from None
+        raise _setup_failed(exc) from None
+
+
+def _setup_failed(exc: BaseException) -> StorageUnavailable:
+    return StorageUnavailable(f"cannot set up the S3 client ({short(exc)}); check "
+                              "AWS_PROFILE and ~/.aws/config")
 
 
 def _code(exc: BaseException) -> str:
@@ -90,13 +162,23 @@ class S3Object(RemoteObject):
     def __init__(self, url: str, settings: StorageSettings) -> None:
         self.bucket, self.key = split_url(url)
         super().__init__(url, settings)
+        # where boto3 would send a GET of the object, and the region it would sign for
+        address = urlsplit(client(settings).generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": self.key}, ExpiresIn=60))
+        self.base = f"{address.scheme}://{address.netloc}"
+        self.path = address.path
+        scope = parse_qs(address.query).get("X-Amz-Credential", ["////"])[0].split("/")
+        self.signer = Signer(scope[2] or "us-east-1", scope[3] or "s3")
 
     def _lookup(self) -> tuple[int, str]:
         _, botocore = _boto3()
         try:
-            meta = client(self.settings).head_object(Bucket=self.bucket, Key=self.key)
+            meta = client(self.settings).head_object(Bucket=self.bucket, Key=self.key, ChecksumMode="ENABLED")
+            self.checksum = _whole_checksum(meta)
             return int(meta["ContentLength"]), meta.get("ETag") or ""
         except botocore.exceptions.ClientError as exc:
+            if _code(exc) == "400":  # a HEAD's answer has no body: ask a byte to learn why
+                exc = self._why_refused(exc)
             if _code(exc) not in ("404", "NoSuchKey", "NotFound"):
                 raise _unavailable(self.url, exc) from None
         except botocore.exceptions.BotoCoreError as exc:
@@ -105,34 +187,71 @@ class S3Object(RemoteObject):
             client(self.settings).head_bucket(Bucket=self.bucket)
         except botocore.exceptions.ClientError as exc:
             if _code(exc) in ("404", "NoSuchBucket", "NotFound"):
-                where = self.settings.endpoint_url or "AWS S3"
+                where = shown_url(client(self.settings).meta.endpoint_url)  # the one asked, wherever it came from
                 raise StorageUnavailable(f"{self.url}: no bucket {self.bucket} at {where}; check the "
                                          "URL (and storage.endpoint_url or AWS_ENDPOINT_URL)") from None
         except botocore.exceptions.BotoCoreError:
             pass
         raise NotThere(f"{self.url}: no such object in bucket {self.bucket}")
 
-    def _get(self, offset: int, n: int) -> bytes:
+    def _why_refused(self, exc: BaseException) -> BaseException:
+        """The error of a GET of the object's first byte (with the S3 error code that
+        a HEAD's answer lacks, such as ExpiredToken), else `exc`."""
         _, botocore = _boto3()
         try:
-            answer = client(self.settings).get_object(
-                Bucket=self.bucket, Key=self.key, Range=f"bytes={offset}-{offset + n - 1}",
-                IfMatch=self.etag)
-            return answer["Body"].read()
-        except botocore.exceptions.ClientError as exc:
-            code = _code(exc)
-            if code in ("PreconditionFailed", "412"):
-                raise Changed() from None
-            failure = Permanent if code in ("403", "AccessDenied", "404", "NoSuchKey", "NoSuchBucket",
-                                            "InvalidRange") else Transient
-            raise failure(f"{code}: {short(exc)}") from None
-        except (botocore.exceptions.BotoCoreError, OSError) as exc:
-            raise Transient(short(exc)) from None  # a cut connection, a timeout, a broken body
+            client(self.settings).get_object(Bucket=self.bucket, Key=self.key, Range="bytes=0-0")
+        except botocore.exceptions.ClientError as answer:
+            return answer
+        except botocore.exceptions.BotoCoreError:
+            pass
+        return exc
+
+    def _get_into(self, offset: int, buffer: memoryview) -> None:
+        here = store(self.settings)
+        endpoint = here.endpoint(self.base)
+        headers = {"Host": endpoint.host, "If-Match": self.etag}
+        try:
+            found = here.credentials()
+        except Exception as exc:  # a refresh that failed (an instance role unreachable, say)
+            raise Transient(f"no credentials: {short(exc)}") from None
+        if found is not None:
+            headers.update(self.signer.headers(endpoint.host, self.path, found.access_key, found.secret_key,
+                                               found.token))
+        try:
+            status, code, _ = endpoint.get_range(self.path, headers, offset, buffer, self.settings.request_timeout)
+        except (BadAnswer, OSError) as exc:  # a wrong range, a cut connection, the deadline
+            raise Transient(short(exc)) from None
+        if status == 206:
+            return
+        if status == 412 or code == "PreconditionFailed":
+            raise Changed()
+        failure = Permanent if status in (400, 401, 403, 404, 416) else Transient
+        raise failure(f"{code} (HTTP {status})")
+
+
+# S3's answers to credentials that were valid once: an expired or revoked session token
+EXPIRED = ("ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired", "InvalidToken", "RequestExpired")
+
+
+def _whole_checksum(meta: dict) -> tuple[str, str] | None:
+    """The object's checksum of its whole bytes that a HEAD gave, of a kind the
+    standard library computes (CRC32C and CRC64NVME are not checked), or None. A
+    checksum of parts (a multipart upload's, "...-N") is not the bytes'."""
+    if meta.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+        return None
+    for kind in ("SHA256", "SHA1", "CRC32"):
+        value = meta.get(f"Checksum{kind}")
+        if value and "-" not in value:
+            return kind, value
+    return None
 
 
 def _unavailable(url: str, exc: BaseException) -> StorageUnavailable:
     code = _code(exc)
     name = type(exc).__name__
+    if code in EXPIRED:
+        return StorageUnavailable(f"{url}: the store refused the credentials: {code} ({short(exc)}); renew "
+                                  "them (a new AWS_SESSION_TOKEN, or aws sso login for AWS_PROFILE) and try again")
     if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch") or \
             name in ("NoCredentialsError", "PartialCredentialsError"):
         return StorageUnavailable(f"{url}: access denied or no credentials ({short(exc)}); set "

@@ -5,9 +5,54 @@ process uses it. One process serves one config, so the settings are set once
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import posixpath
+import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+# Where the AWS chain (botocore) takes an S3 endpoint from when the config gives none,
+# first found first.
+ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def endpoint_problem(url: str) -> str | None:
+    """Why `url` is not an S3 endpoint URL (http(s)://HOST[:PORT][/PATH]), or None.
+    Credentials in it are refused: they would be written wherever the URL is (mmfs.json,
+    logs, messages), and S3 credentials come from the AWS chain, not the URL."""
+    if not url.isascii() or not url.isprintable() or any(c.isspace() for c in url):
+        return "holds a character that is not printable ASCII (write a host name in its xn-- form)"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # "Invalid IPv6 URL", a port out of range
+        return f"is not a URL ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return "must start with http:// or https://"
+    if "@" in parts.netloc:
+        return ("holds credentials (user:password@): give them as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                "(or AWS_PROFILE), never in the URL")
+    host = parts.hostname or ""
+    if parts.netloc.startswith("["):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return "has a bracketed host that is not an IPv6 address"
+    elif len(host) > 253 or not all(_LABEL.fullmatch(label) for label in host.split(".")):
+        return "has no valid host name (letters, digits and -, dot-separated labels of at most 63, 253 in all)"
+    if port == 0 or parts.query or parts.fragment:
+        return "must be http(s)://HOST[:PORT][/PATH], without a query or fragment"
+    return None
+
+
+def environment_endpoint() -> tuple[str, str] | None:
+    """(variable, URL) of the endpoint the environment gives S3 clients, or None."""
+    for name in ENDPOINT_ENV:
+        if os.environ.get(name):
+            return name, os.environ[name]
+    return None
 
 
 def default_cache_dir() -> str:
@@ -36,6 +81,9 @@ class StorageSettings:
 
 
 _current = StorageSettings()
+# Bytes of an object's name kept (its end: the suffixes) in the name of its local copy,
+# beside the hash and a temporary suffix of a file being written
+MAX_NAME_KEPT = 100
 
 
 def copy_path(url: str, identity: tuple) -> str:
@@ -43,7 +91,10 @@ def copy_path(url: str, identity: tuple) -> str:
     the cache folder's objects/, named by URL and identity (a changed object is a
     new name; processes may share the folder)."""
     tag = hashlib.sha256(f"{url}\0{identity!r}".encode()).hexdigest()[:32]
-    return os.path.join(current().cache_folder, "objects", f"{tag}-{posixpath.basename(url)}")
+    name = posixpath.basename(url)
+    while len(name.encode()) > MAX_NAME_KEPT:  # a key's last part may be 1,024 bytes; a file name 255
+        name = name[1:]
+    return os.path.join(current().cache_folder, "objects", f"{tag}-{name}")
 
 
 def configure(settings: StorageSettings) -> None:

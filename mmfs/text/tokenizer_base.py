@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from itertools import chain
 
 import numpy as np
 
 from mmfs.errors import PreprocessError
-from mmfs.storage.file import file_problem
+from mmfs.storage.file import sized_file_problem
 
 # The largest tokenizer file read: real ones (tokenizer.json, vocab.json, merges.txt,
 # tokenizer.model, TikToken rank files) are at most a few hundred MB.
@@ -19,10 +18,7 @@ MAX_TOKENIZER_FILE = 1 << 30
 def check_tokenizer_file(path: str, what: str) -> str:
     """`path` if it is a regular file of a tokenizer's size, else one line naming it
     (a FIFO would block the read, /dev/zero or a huge sparse file would fill memory)."""
-    problem = file_problem(path)
-    if problem is None and os.path.getsize(path) > MAX_TOKENIZER_FILE:
-        problem = (f"is {os.path.getsize(path):,} bytes, more than any {what} "
-                   f"({MAX_TOKENIZER_FILE >> 20} MiB at most)")
+    problem = sized_file_problem(path, MAX_TOKENIZER_FILE, what)
     if problem is not None:
         raise PreprocessError(f"{path}: {problem}; give the {what} itself")
     return path

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from mmfs.tools.megatron_args import MegatronArgsError, expand_args, render, to_config
+from mmfs.tools.megatron_args import MegatronArgsError, expand_args, print_warnings, render, to_config
 
 NEXT_PHASE = "--next-phase"
 TRANSITIONS = "--phase-transition-iterations"
@@ -161,5 +161,6 @@ def config_command(args) -> int:
     """`mmfs config --from-megatron ...`: one launch, or one per phase."""
     argv = args.from_megatron
     config, comments = (to_phased_config if wants_phases(expand_args(argv)) else to_config)(argv)
+    print_warnings(comments)
     sys.stdout.write(render(config, comments))
     return 0

@@ -22,6 +22,7 @@ from mmfs.megatron import open_corpus
 from mmfs.megatron.mix import dataset_of, epochs_in_index, gpt_samples, sample_cuts, sequence_lengths
 from mmfs.megatron.rankplan import plan_ranks, rank_of_position, stream_order
 from mmfs.megatron.splits import normalize
+from mmfs.tools.report_phases import dataset_groups, is_phased, merge_rows, phase_bands, phase_figures, run_weights
 from mmfs.tools.report_warnings import blend_warnings
 
 MAX_WINDOWS = 100  # points of the mix chart
@@ -118,28 +119,42 @@ def _windows(run: dict[str, Any], schedule) -> tuple[list[dict[str, int]], list[
 
 def _split(corpus, name: str, indices, lengths: dict[str, np.ndarray]) -> dict[str, Any]:
     t = corpus.config.training
+    schedule = None if t is None else t.schedule
     plan, ids, run = _run(corpus, name, len(indices))
     gpts = indices.gpts
     which = dataset_of(indices, ids)
-    windows, bands = _windows(run, None if t is None else t.schedule)
-    mix = [np.bincount(which[w["first_sample"]:w["end_sample"]], minlength=len(gpts)).tolist() for w in windows]
-    drawn = np.bincount(which, minlength=len(gpts))
-    weights = [1.0] if indices.blend is None else normalize([float(w) for w in indices.blend.weights])
+    windows, bands = _windows(run, schedule)
+    phased = is_phased(indices)
+    groups = dataset_groups(gpts) if phased else np.arange(len(gpts))
+    which = groups[which]  # a row per dataset: a phased run's GPTDatasets of one dataset as one
+    datasets = int(groups.max()) + 1
+    mix = [np.bincount(which[w["first_sample"]:w["end_sample"]], minlength=datasets).tolist() for w in windows]
+    drawn = np.bincount(which, minlength=datasets)
+    if phased:
+        weights = run_weights(indices, groups, len(ids))
+    else:
+        weights = [1.0] if indices.blend is None else normalize([float(w) for w in indices.blend.weights])
     rows = []
-    for d, (g, samples) in enumerate(zip(gpts, gpt_samples(indices, ids))):
-        rows.append(_gpt_row(corpus, g, samples, weights[d], len(ids), lengths[g.spec.name]))
+    for g, samples in zip(gpts, gpt_samples(indices, ids)):
+        rows.append(_gpt_row(corpus, g, samples, len(ids), lengths[g.spec.name]))
+    rows = merge_rows(rows, groups, len(ids)) if phased else rows
+    for row, w in zip(rows, weights):
+        row["weight"] = w
     out: dict[str, Any] = {
         "samples": len(indices),
-        "top_level": "BlendedDataset" if indices.blend is not None else "GPTDataset",
+        "top_level": "phases" if phased else "BlendedDataset" if indices.blend is not None else "GPTDataset",
         "run": run,
         "datasets": rows,
         "mix": {"windows": windows, "counts": mix, "bands": bands},
-        "ranks": None if plan is None else _ranks(plan, which, len(gpts), drawn),
+        "ranks": None if plan is None else _ranks(plan, which, datasets, drawn),
     }
+    if phased:
+        out["phases"] = phase_figures(indices, corpus.splits[name], groups, schedule)
+        bands += phase_bands(out["phases"], run)
     return out
 
 
-def _gpt_row(corpus, g, samples: np.ndarray, weight: float, run_samples: int, lengths: np.ndarray) -> dict[str, Any]:
+def _gpt_row(corpus, g, samples: np.ndarray, run_samples: int, lengths: np.ndarray) -> dict[str, Any]:
     beg, end = g.params.beg, g.params.end
     own = lengths[beg:end]
     available = int(own.sum())
@@ -149,7 +164,7 @@ def _gpt_row(corpus, g, samples: np.ndarray, weight: float, run_samples: int, le
     return {
         "dataset": g.spec.name,
         "path": g.spec.path,
-        "weight": weight,
+        "weight": None,  # the split's (_split)
         "share": read / run_samples if run_samples else 0.0,
         "samples": read,
         "samples_built": len(g),  # the GPTDataset's size (Megatron's, with the blend's surplus)
@@ -251,7 +266,8 @@ def sample_browser(corpus, train: dict[str, Any] | None, iterations: list[int] |
                         if len(p.get("text", "")) > TEXT_CHARS:
                             p["text"] = p["text"][:TEXT_CHARS]
                             p["text_cut"] = True
-        out.append({"iteration": i, "consumed_samples": found["consumed_samples"], "ranks": found["ranks"]})
+        out.append({"iteration": i, "consumed_samples": found["consumed_samples"], "ranks": found["ranks"],
+                    **({"phases": [p["phase"] for p in found["phases"]]} if "phases" in found else {})})
     return {"iterations": out, "text": decode is not None, "text_chars": TEXT_CHARS, "note": note}
 
 

@@ -23,7 +23,8 @@
     const out = document.getElementById("samples");
     out.textContent = "";
     out.appendChild(element("p", "iteration " + it.iteration + ": consumed_samples " + it.consumed_samples[0] +
-      ".." + it.consumed_samples[1] + ", rank " + rank.rank, "note"));
+      ".." + it.consumed_samples[1] + (it.phases ? ", phase " + it.phases.join(" and ") : "") + ", rank " + rank.rank,
+      "note"));
     const table = element("table", undefined, "samples");
     const head = element("tr");
     ["micro-batch", "sample", "dataset", "sequence", "document", "tokens of the sample", "tokens of the sequence",
@@ -64,7 +65,9 @@
     const target = document.querySelector("[data-chart='" + name + "']");
     return vegaEmbed(target, spec, {renderer: "svg", actions: false}).then(result => {
       const legend = target.querySelectorAll(".role-legend-label text");
-      status.charts[name] = {series: Array.from(legend, t => t.textContent)};
+      const labels = target.querySelectorAll(".mark-text.role-mark text");  // text marks: the mix chart's bands
+      status.charts[name] = {series: Array.from(legend, t => t.textContent),
+                             labels: Array.from(labels, t => t.textContent)};
       return result;
     }).catch(err => { window.mmfsErrors.push(name + ": " + err); });
   });

@@ -6,8 +6,9 @@ tables, the warnings and the sample browser are plain HTML and a little script.
 
 A chart has one series per dataset, up to MAX_SERIES; past that the datasets of
 least weight are drawn as one "other" series (the tables keep every dataset).
-The mix chart marks `bands` (now the batch-size schedule's segments; a training
-phase is one more kind of band)."""
+The mix chart marks `bands`: where each segment of the batch-size schedule starts
+and, in a run in phases, where each phase starts; such a run's train section also
+has a table per phase (weights, realised shares, draws, positions)."""
 
 from __future__ import annotations
 
@@ -165,13 +166,15 @@ def _split_charts(alt, split: str, s: dict[str, Any]) -> dict[str, Any]:
         x=alt.X("x:Q", title=x_title, scale=alt.Scale(nice=False, zero=False)),
         y=alt.Y("share:Q", stack="normalize", title="share of the window"),
         color=color, tooltip=["dataset:N", alt.Tooltip("x:Q", title=x_title), alt.Tooltip("share:Q", format=".3f")])
-    bands = [{"x": b["first_iteration"], "label": b["label"], "kind": b["kind"]} for b in s["mix"]["bands"]]
     layers = [area]
-    if bands and by_iteration:
-        marks = alt.Chart(alt.Data(values=bands))
-        layers += [marks.mark_rule(color="black", strokeDash=[4, 3]).encode(x="x:Q"),
-                   marks.mark_text(align="left", dx=3, dy=-6, baseline="bottom").encode(
-                       x="x:Q", y=alt.value(0), text="label:N")]
+    for kind, style, y in (("batch_size", {"strokeDash": [4, 3]}, 0), ("phase", {"strokeWidth": 2}, 240)):
+        bands = [{"x": b[x_field], "label": b["label"]} for b in s["mix"]["bands"]
+                 if b["kind"] == kind and x_field in b]
+        if bands:  # a rule where each starts, labelled (batch sizes at the top, phases at the bottom)
+            marks = alt.Chart(alt.Data(values=bands))
+            layers += [marks.mark_rule(color="black", **style).encode(x="x:Q"),
+                       marks.mark_text(align="left", dx=3, dy=-6 if y == 0 else -3, baseline="bottom").encode(
+                           x="x:Q", y=alt.value(y), text="label:N")]
     charts["mix"] = alt.layer(*layers).properties(width=width, height=240,
                                                   title=f"{split}: the mix over the run, per window of {x_title}s")
 
@@ -256,8 +259,37 @@ def _split_html(split: str, s: dict[str, Any]) -> str:
     table = f"<table class='blend'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
     if len(s["datasets"]) > FOLD_AFTER:
         table = f"<details><summary>every dataset ({len(s['datasets']):,})</summary>{table}</details>"
-    return (f"<section class='split' id='split-{split}'><h2>{split}: {s['top_level']} of "
-            f"{s['samples']:,} samples; the run reads {extent}</h2>{notes}{table}{charts}</section>")
+    phases = s.get("phases")
+    what = s["top_level"] if phases is None else \
+        f"{len(phases['phases'])} phases ({phases['phase_mode']}; weights averaged over the run)"
+    return (f"<section class='split' id='split-{split}'><h2>{split}: {what} of "
+            f"{s['samples']:,} samples; the run reads {extent}</h2>{notes}{table}{charts}"
+            f"{'' if phases is None else _phases_html(phases)}</section>")
+
+
+PHASE_COLUMNS = [("name", "dataset", "{}"), ("normalized_weight", "weight", "{:.4f}"),
+                 ("share", "realised share", "{:.4f}"), ("draws", "samples drawn", "{:,}"),
+                 ("position_before", "position at its start", "{:,}"), ("position_after", "at its end", "{:,}"),
+                 ("left", "samples left", "{:,}")]
+
+
+def _phases_html(phases: dict[str, Any]) -> str:
+    """A table per phase: what mmfs.json's `phases` section says of it."""
+    head = "".join(f"<th>{html.escape(title)}</th>" for _, title, _ in PHASE_COLUMNS)
+    out = []
+    for p in phases["phases"]:
+        where = f"sample {p['start_sample']:,}" if p["first_iteration"] is None else \
+            f"iteration {p['first_iteration']:,} (sample {p['start_sample']:,})"
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt.format(r[key]))}</td>" for key, _, fmt in PHASE_COLUMNS)
+                       + "</tr>" for r in p["datasets"])
+        table = f"<table class='phase'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        if len(p["datasets"]) > FOLD_AFTER:
+            table = f"<details><summary>every dataset ({len(p['datasets']):,})</summary>{table}</details>"
+        again = "" if p["served_before"] is None else f"; {p['served_before']:,} of them served earlier in the run"
+        out.append(f"<h3 class='phase' data-phase='{p['phase']}'>phase {p['phase']}: from {where}, "
+                   f"{p['samples']:,} samples{again}</h3>{table}")
+    note = f"<p class='note'>{html.escape(phases['note'])}</p>" if phases.get("note") else ""
+    return f"<div class='phases'>{note}{''.join(out)}</div>"
 
 
 def _browser_html(browser: dict[str, Any] | None) -> str:

@@ -1,7 +1,8 @@
 """The warnings of `mmfs report`, each with the numbers that triggered it: a dataset
 listed twice in a split (the same file, or the same bytes under two names: equal
 sizes and an equal hash of the .idx), a dataset read for more than one epoch, a
-split that gets almost nothing of a dataset, a weight that draws no samples."""
+split that gets almost nothing of a dataset, a weight that draws no samples; in
+a run in phases, per phase, and the samples of a phase served earlier in the run."""
 
 from __future__ import annotations
 
@@ -16,18 +17,54 @@ EPOCH_SLACK = 1e-9
 def blend_warnings(corpus, splits: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Warnings over the figures of every split (mmfs.tools.report._split). A weight
     "rounds to no samples" when weight x the run's samples rounds to 0: Megatron's
-    greedy blend still draws such a dataset once or so, early on."""
+    greedy blend still draws such a dataset once or so, early on. A run in phases is
+    looked at phase by phase for what a blend decides (a dataset listed twice, a
+    weight of no samples, samples served again) and over the whole run for epochs."""
     out: list[dict[str, Any]] = []
     datasets = {e.name: e.dataset for e in corpus.datasets}
     for name, split in splits.items():
         gpts = corpus.indices[name].gpts
-        out += _duplicates(name, gpts, datasets)
+        phases = split.get("phases")
+        if phases is None:
+            out += _duplicates(name, gpts, datasets)
+        else:
+            for p, s in zip(phases["phases"], corpus.indices[name].slices):
+                out += _duplicates(f"{name} phase {p['phase']}", [gpts[g] for g in s.members], datasets)
         for row in split["datasets"]:
-            out += _row_warnings(name, split, row, corpus.sample_tokens)
+            out += _row_warnings(name, split, row, corpus.sample_tokens, per_phase=phases is not None)
+        if phases is not None:
+            out += _phase_warnings(name, phases, split["run"]["samples"])
     return out
 
 
-def _row_warnings(split: str, figs: dict[str, Any], row: dict[str, Any], sample_tokens: int) -> list[dict]:
+def _phase_warnings(split: str, phases: dict[str, Any], run: int) -> list[dict[str, Any]]:
+    """Per phase the run reads: a weight that rounds to no samples of the phase, and the
+    samples of the phase that were served earlier in the run."""
+    out = []
+    for p in phases["phases"]:
+        if p["start_sample"] >= run:
+            continue
+        where = f"{split} phase {p['phase']}"
+        for row in p["datasets"]:
+            w, d, expected = row["normalized_weight"], row["name"], row["normalized_weight"] * p["samples"]
+            if w > 0 and (round(expected) == 0 or row["draws"] == 0):
+                out.append({"kind": "no_samples", "split": split, "phase": p["phase"], "dataset": d, "weight": w,
+                            "run_samples": p["samples"], "expected": expected, "samples": row["draws"],
+                            "message": f"{where}: {d}'s weight {w:.3g} of the phase's {p['samples']:,} samples is "
+                                       f"{expected:.3g} samples: it rounds to none (the blend draws "
+                                       f"{row['draws']:,})"})
+        if p["served_before"]:  # None: not counted (report_phases.SERVED_COUNTED_UP_TO)
+            out.append({"kind": "served_again", "split": split, "phase": p["phase"], "samples": p["samples"],
+                        "served_before": p["served_before"], "phase_mode": phases["phase_mode"],
+                        "message": f"{where}: {p['served_before']:,} of its {p['samples']:,} samples were served "
+                                   "earlier in the run" + (" (restart: each phase reads its datasets from their "
+                                                           "first sample)" if phases["phase_mode"] == "restart"
+                                                           else " (a used-up dataset's next pass)")})
+    return out
+
+
+def _row_warnings(split: str, figs: dict[str, Any], row: dict[str, Any], sample_tokens: int,
+                  per_phase: bool = False) -> list[dict]:
     out = []
     d = row["dataset"]
     if row["epochs"] > 1 + EPOCH_SLACK:
@@ -43,7 +80,7 @@ def _row_warnings(split: str, figs: dict[str, Any], row: dict[str, Any], sample_
                                f"{row['tokens_available']:,} tokens (a sample is {sample_tokens:,}); "
                                f"{row['samples']:,} samples are cut from them"})
     run = figs["run"]["samples"]
-    if run > 0 and row["weight"] > 0 and (round(row["weight"] * run) == 0 or row["samples"] == 0):
+    if not per_phase and run > 0 and row["weight"] > 0 and (round(row["weight"] * run) == 0 or row["samples"] == 0):
         out.append({"kind": "no_samples", "split": split, "dataset": d, "weight": row["weight"],
                     "run_samples": run, "expected": row["weight"] * run, "samples": row["samples"],
                     "message": f"{split}: {d}'s weight {row['weight']:.3g} of the run's {run:,} samples is "
