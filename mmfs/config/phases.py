@@ -199,6 +199,10 @@ def _start(entry: dict, key: str, k: int, checker: Checker, schedule: Any,
                                                          "start_samples")
         return schedule.consumed_before(n + 1), n
     samples = n if name == "start_samples" else n // sequence_length
+    if name == "start_tokens" and n % sequence_length:
+        raise checker.fail(f"{key}.start_tokens", f"{n:,} tokens falls inside sample {samples:,} (a sample is "
+                                                  f"{sequence_length} tokens); a phase starts where a global "
+                                                  f"batch starts: give a multiple of {sequence_length}")
     if schedule is None:
         return samples, None
     iteration, offset = schedule.iteration_at(samples)
