@@ -89,3 +89,19 @@ def test_continue_first_phase_is_megatron(tmp_path, name):
     # and the later phases follow the rule, from where each dataset stood
     expected = reference_continue(train.slices, [len(g) for g in train.gpts])
     assert list(zip(train.blend.dataset_index.tolist(), train.blend.dataset_sample_index.tolist())) == expected
+
+
+@pytest.mark.parametrize("how", ["start_iteration", "start_samples", "start_tokens"])
+def test_rampup_boundary_given_three_ways(tmp_path, how):
+    """Megatron's ramp-up 4 by 4 over 96 samples to 16: batch 4 for samples 0-32 (8 iterations),
+    then 8 (4 iterations): 12 iterations end at sample 64, where the second phase starts, as
+    iterations, samples or tokens (64 x 32)."""
+    path = reference_config(tmp_path, "rampup_continue", "continue")
+    config = yaml.safe_load(Path(path).read_text())
+    del config["phases"][1]["start_iteration"]
+    config["phases"][1][how] = {"start_iteration": 12, "start_samples": 64, "start_tokens": 64 * 32}[how]
+    Path(path).write_text(yaml.safe_dump(config))
+    corpus = open_corpus(path, progress=False)
+    train = corpus.indices["train"]
+    assert train.slices[1].start == 64
+    assert digests(corpus.splits["train"], 0, 64) == REFERENCE["rampup_continue"]["first_phase_full"][:64]
