@@ -17,6 +17,7 @@ from phase_helpers import (
 )
 
 from mmfs.megatron.corpus import open_corpus
+from mmfs.megatron.phasefacts import describe_phases
 
 # -- against megatron-core 0.19.2 (tests/reference/record_phases.py) -------------------
 
@@ -74,6 +75,10 @@ def test_restart_is_megatron_relaunched_per_phase(tmp_path, name):
             seen.add(d)
         by_digest.append(count)
     assert again == by_digest
+    # a bare prefix is said to be Megatron's GPTDataset, a weighted one a BlendedDataset
+    facts = describe_phases(train)["phases"]
+    assert [f["megatron_dataset"] for f in facts] == \
+        ["GPTDataset" if isinstance(blend, str) else "BlendedDataset" for _, blend in case["phases"]]
 
 
 @pytest.mark.parametrize("name", list(REFERENCE))
