@@ -28,6 +28,8 @@ from mmfs.megatron.phases import megatron_weights
      "phases[1].start_samples", "falls inside iteration 11"),
     ([TWO_PHASES[0], {"start_tokens": 84 * 32, "datasets": TWO_PHASES[1]["datasets"]}], {},
      "phases[1].start_tokens", "a phase starts where a global batch starts"),
+    ([TWO_PHASES[0], {"start_tokens": 80 * 32 + 1, "datasets": TWO_PHASES[1]["datasets"]}], {},
+     "phases[1].start_tokens", "inside sample 80"),
     ([TWO_PHASES[0], {"start_iteration": 10, "datasets": [ds("u16_docs", 0), ds("u16_small", 0)]}], {},
      "phases[1].datasets[0].weight", "positive"),
     ([TWO_PHASES[0], {"start_iteration": 10, "datasets": [ds("nope", 1.0)]}], {},

@@ -61,6 +61,9 @@ class Phase:
     start: int  # consumed_samples where it starts (0 for the first)
     start_iteration: int | None  # iterations trained before it (None without a batch size)
     blend: Blend
+    # one dataset given without a weight: Megatron builds it as a bare GPTDataset of the
+    # phase's samples, not as a one-dataset blend with the surplus (which can differ)
+    bare: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,10 +153,10 @@ def parse_phases(raw: dict, checker: Checker, base_dir: str, top: Blend | None, 
             raise checker.fail(f"{key}.{_start_key(entry)}",
                                f"starts at sample {start:,}, at or past the end of training "
                                f"({total:,} train samples); remove the phase or train longer")
-        blend = _blend(entry, key, k, checker, base_dir, top, checked)
+        blend, bare = _blend(entry, key, k, checker, base_dir, top, checked)
         if mode == "continue":
             _no_twice(blend, entry, key, checker)
-        out.append(Phase(k, key, start, iteration, blend))
+        out.append(Phase(k, key, start, iteration, blend, bare))
     return Phases(mode, tuple(out), total)
 
 
@@ -196,6 +199,10 @@ def _start(entry: dict, key: str, k: int, checker: Checker, schedule: Any,
                                                          "start_samples")
         return schedule.consumed_before(n + 1), n
     samples = n if name == "start_samples" else n // sequence_length
+    if name == "start_tokens" and n % sequence_length:
+        raise checker.fail(f"{key}.start_tokens", f"{n:,} tokens falls inside sample {samples:,} (a sample is "
+                                                  f"{sequence_length} tokens); a phase starts where a global "
+                                                  f"batch starts: give a multiple of {sequence_length}")
     if schedule is None:
         return samples, None
     iteration, offset = schedule.iteration_at(samples)
@@ -210,7 +217,9 @@ def _start(entry: dict, key: str, k: int, checker: Checker, schedule: Any,
 
 
 def _blend(entry: dict, key: str, k: int, checker: Checker, base_dir: str, top: Blend,
-           checked: dict[str, str]) -> Blend:
+           checked: dict[str, str]) -> tuple[Blend, bool]:
+    """The phase's blend (every dataset with a weight), and whether it is one dataset
+    given without a weight."""
     given = [d for d in PHASE_DATA_KEYS if entry.get(d) is not None]
     if len(given) > 1:
         raise checker.fail(f"{key}.{given[1]}", "give `datasets` or `data_path`, not both")
@@ -230,5 +239,5 @@ def _blend(entry: dict, key: str, k: int, checker: Checker, base_dir: str, top: 
         if len(blend.datasets) > 1:
             raise checker.fail(f"{where}[0].weight", "missing: a phase blends its datasets by weight; "
                                                      "give each one a weight")
-        return Blend((replace(blend.datasets[0], weight=1.0),))  # one dataset: all of the phase
-    return blend  # (every weight is above 0: parse_blend refuses 0, so no phase's weights sum to 0)
+        return Blend((replace(blend.datasets[0], weight=1.0),)), True  # one dataset: all of the phase
+    return blend, False  # (every weight is above 0: parse_blend refuses 0, so no phase's weights sum to 0)

@@ -135,7 +135,9 @@ class _ContinuePlan:
         c = builder.config
         first: dict[str, tuple] = {}  # dataset file -> (spec, phase, its size)
         for p in phases.phases:
-            sizes = sizes_per_dataset(normalize(p.blend.weights), phases.train_samples, c.mid_level_dataset_surplus)
+            # a bare prefix is Megatron's bare GPTDataset of the run's samples (no surplus)
+            sizes = [phases.train_samples] if p.bare else \
+                sizes_per_dataset(normalize(p.blend.weights), phases.train_samples, c.mid_level_dataset_surplus)
             for spec, n in zip(p.blend.datasets, sizes):
                 first.setdefault(spec.file, (spec, p, n))
         ids = {file: g for g, file in enumerate(first)}
@@ -178,12 +180,15 @@ class _RestartPlan:
         self.builder, self.phases = builder, phases
         self.plans = []
         for p, (start, end) in zip(phases.phases, phases.bounds()):
-            plan, = builder._plan_blend(p.blend.datasets, p.blend.weights, {"train": bookend},
+            # a bare prefix (no weight): Megatron's bare GPTDataset of the phase's samples, no blend
+            plan, = builder._plan_blend(p.blend.datasets, None if p.bare else p.blend.weights, {"train": bookend},
                                         f"{p.key}.datasets", per_split=False, split_sizes={"train": end - start})
+            plan.setdefault("size", end - start)
             self.plans.append(plan)
         tasks: dict[str, _Task] = {}  # by cache file: a phase identical to another shares it
         for plan in self.plans:
-            plan["blend_task"] = tasks.setdefault(plan["blend_task"].cache.base, plan["blend_task"])
+            if "blend_task" in plan:
+                plan["blend_task"] = tasks.setdefault(plan["blend_task"].cache.base, plan["blend_task"])
             plan["gpt_tasks"] = [tasks.setdefault(t.cache.base, t) for t in plan["gpt_tasks"]]
         self.tasks = list(tasks.values())
 
@@ -195,16 +200,20 @@ class _RestartPlan:
                 if t.cache.base not in run_gpts:
                     run_gpts[t.cache.base] = GptIndices(spec, params, t.cache, *t.result)
             gpts = [run_gpts[t.cache.base] for t in plan["gpt_tasks"]]
-            task = plan["blend_task"]
-            plan["blend"] = BlendIndices(task.weights, plan["size"], task.cache, *task.result)
-            self.builder._check_blend_fits("train", gpts, plan["blend"], plan["drawn"], f"{p.key}.datasets")
             members.append([t.cache.base for t in plan["gpt_tasks"]])
+            if "blend_task" not in plan:  # the bare GPTDataset: its samples in order
+                plan["arrays"] = {"dataset_index": np.zeros(plan["size"], dtype=np.int16),
+                                  "dataset_sample_index": np.arange(plan["size"], dtype=np.int64)}
+                continue
+            task = plan["blend_task"]
+            blend = BlendIndices(task.weights, plan["size"], task.cache, *task.result)
+            self.builder._check_blend_fits("train", gpts, blend, plan["drawn"], f"{p.key}.datasets")
+            plan["arrays"] = {"dataset_index": blend.dataset_index, "dataset_sample_index": blend.dataset_sample_index}
         index_of = {base: g for g, base in enumerate(run_gpts)}
         members = [[index_of[base] for base in m] for m in members]
         slices = _slices(self.phases, members)
         gpts = list(run_gpts.values())
-        blends = [{"dataset_index": plan["blend"].dataset_index,
-                   "dataset_sample_index": plan["blend"].dataset_sample_index} for plan in self.plans]
+        blends = [plan["arrays"] for plan in self.plans]
         task = self.builder.phased_task(self.phases, slices, [g.cache.base for g in gpts], gpts[0].spec,
                                         lambda: restart_blend(slices, blends, len(gpts)))
         self.builder._run([task])

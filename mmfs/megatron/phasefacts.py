@@ -39,6 +39,8 @@ def describe_phases(split: Any) -> dict[str, Any]:
             "start_sample": s.start,
             "end_sample": s.end,
             "samples": s.size,
+            # what Megatron builds for the phase's arguments: a bare prefix is the GPTDataset itself
+            "megatron_dataset": "GPTDataset" if p.bare else "BlendedDataset",
             "datasets": rows,
         })
     return {"phase_mode": phases.mode, "phases": out}

@@ -35,7 +35,10 @@ HERE = Path(__file__).resolve().parent
 GOLDEN = HERE.parent / "golden"
 OUT = HERE / "phases.json"
 
-# name: the run (prefixes relative to tests/golden; phases: (start_iteration, {prefix: weight}))
+# name: the run (prefixes relative to tests/golden; phases: (start_iteration, {prefix: weight}),
+# or (start_iteration, prefix): one prefix without a weight, which megatron-core builds as a
+# bare GPTDataset, not a one-dataset BlendedDataset; start_as: how the tests write each
+# phase's start: start_iteration, start_samples or start_tokens)
 CASES = {
     "two_datasets_weights_swap": {
         "split": "90,8,2", "sequence_length": 32, "seed": 1234,
@@ -60,6 +63,36 @@ CASES = {
                    (20, {"data/u16_multiseq": 1.0, "data/u16_small": 1.0})],
     },
 }
+# One prefix, bare and weighted, over a dataset read for almost two epochs (630 samples of
+# 352 an epoch at 256 tokens: the bare GPTDataset keeps its last epoch apart, the one
+# with the blend's 0.5 % surplus does not); datasets added and dropped; starts as samples
+# and tokens.
+CASES.update({
+    "single_prefix_bare_then_weighted": {
+        "split": "90,8,2", "sequence_length": 256, "seed": 3,
+        "training": {"global_batch_size": 10, "train_iters": 186, "eval_interval": 50, "eval_iters": 1},
+        "phases": [(0, {"data/u16_docs": 0.6, "data/u16_multiseq": 0.3, "data/i32_docs": 0.1}),
+                   (30, "data/u16_small"),
+                   (93, {"data/u16_small": 1.0}),
+                   (156, {"data/u16_multiseq": 0.5, "data/u16_small": 0.25, "data/i32_docs": 0.25})],
+        "start_as": ["start_iteration", "start_samples", "start_tokens", "start_iteration"],
+    },
+    "single_prefix_first_phase": {
+        "split": "90,8,2", "sequence_length": 256, "seed": 11,
+        "training": {"global_batch_size": 10, "train_iters": 63, "eval_interval": 30, "eval_iters": 1},
+        "phases": [(0, "data/u16_small"),
+                   (40, {"data/u16_small": 0.5, "data/u16_docs": 0.5})],
+        "start_as": ["start_iteration", "start_tokens"],
+    },
+    "single_weighted_first_phase": {
+        "split": "90,8,2", "sequence_length": 256, "seed": 11,
+        "training": {"global_batch_size": 10, "train_iters": 63, "eval_interval": 30, "eval_iters": 1},
+        "phases": [(0, {"data/u16_small": 2.0}),
+                   (35, {"data/u16_docs": 0.5, "data/u16_small": 0.5}),
+                   (50, {"data/i32_docs": 1.0, "data/u16_multiseq": 3.0})],
+        "start_as": ["start_iteration", "start_samples", "start_iteration"],
+    },
+})
 # continue only (Megatron's phase transitions need a fixed batch size): the first
 # phase under a batch-size ramp-up, sized to the run's train_samples.
 SCHEDULE_CASE = {
@@ -103,8 +136,13 @@ def build(blend: dict, sizes: list[int], case: dict, cache: str):
     config = GPTDatasetConfig(random_seed=case["seed"], sequence_length=case["sequence_length"],
                               path_to_cache=cache, tokenizer=Tokenizer(), reset_position_ids=False,
                               reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=False,
-                              blend=(list(blend), list(blend.values())), split=case["split"])
+                              blend=_blend(blend), split=case["split"])
     return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
+
+
+def _blend(blend: dict | str) -> tuple:
+    """megatron-core's blend: a bare prefix has no weights (get_blend_from_list of one word)."""
+    return ([blend], None) if isinstance(blend, str) else (list(blend), list(blend.values()))
 
 
 def digest(sample) -> str:
