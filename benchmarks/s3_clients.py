@@ -14,9 +14,8 @@ object, each with Range and If-Match (as mmfs sends them), from each number of
 thread) per GET. Candidates whose library is missing are skipped:
 
 - boto3: client.get_object, as megatron-core and mmfs until now fetch.
-- mmfs: the fetch path in mmfs/storage/http.py (http.client connections of its
-  own pool, requests signed by mmfs/storage/sigv4.py).
-- urllib3: urllib3's pool, signed by mmfs/storage/sigv4.py.
+- mmfs: the fetch path in mmfs/storage/http.py (libcurl through pycurl, signed by
+  libcurl, each answer checked against its range into the caller's buffer).
 - pycurl: libcurl with its built-in AWS SigV4 signing, an easy handle per thread.
 - obstore: the Rust object_store client (get with range and if_match).
 """
@@ -57,43 +56,18 @@ def boto3_get(url: str, etag: str):
 
 
 def mmfs_get(url: str, etag: str):
-    from mmfs.storage.http import Deadlines, Endpoint
-    from mmfs.storage.sigv4 import Signer
+    from mmfs.storage.http import Endpoint
 
-    endpoint = Endpoint(url, pool=64, deadlines=Deadlines())
-    signer = Signer(CREDENTIALS["AWS_REGION"])
+    endpoint = Endpoint(url)
     path = f"/{BUCKET}/{KEY}"
-    host = endpoint.host
+    sign = (CREDENTIALS["AWS_REGION"], "s3", CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            CREDENTIALS["AWS_SECRET_ACCESS_KEY"], None)
 
     def get(offset: int, n: int) -> bytes:
-        headers = signer.headers(host, path, CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                                 CREDENTIALS["AWS_SECRET_ACCESS_KEY"], None)
-        headers["If-Match"] = etag
         buf = bytearray(n)
-        status, _, _ = endpoint.get_range(path, headers, offset, memoryview(buf), 30.0)
+        status, _ = endpoint.get_range(path, [f"If-Match: {etag}"], offset, memoryview(buf), 30.0, sign)
         assert status == 206, status
         return bytes(buf)
-    return get
-
-
-def urllib3_get(url: str, etag: str):
-    import urllib3
-
-    from mmfs.storage.sigv4 import Signer
-
-    pool = urllib3.PoolManager(maxsize=64)
-    signer = Signer(CREDENTIALS["AWS_REGION"])
-    host = url.split("://", 1)[1]
-    path = f"/{BUCKET}/{KEY}"
-
-    def get(offset: int, n: int) -> bytes:
-        headers = signer.headers(host, path, CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                                 CREDENTIALS["AWS_SECRET_ACCESS_KEY"], None)
-        headers["Range"] = f"bytes={offset}-{offset + n - 1}"
-        headers["If-Match"] = etag
-        answer = pool.request("GET", url + path, headers=headers, retries=False)
-        assert answer.status == 206, answer.status
-        return answer.data
     return get
 
 
@@ -137,7 +111,7 @@ def obstore_get(url: str, etag: str):
     return get
 
 
-CANDIDATES = {"boto3": boto3_get, "mmfs": mmfs_get, "urllib3": urllib3_get, "pycurl": pycurl_get,
+CANDIDATES = {"boto3": boto3_get, "mmfs": mmfs_get, "pycurl": pycurl_get,
               "obstore": obstore_get}
 
 

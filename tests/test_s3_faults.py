@@ -6,7 +6,6 @@ times are only checked against the documented bound (and as hang guards)."""
 
 from __future__ import annotations
 
-import calendar
 import os
 import threading
 import time
@@ -51,26 +50,6 @@ def wait_for_log(mount, text: str, guard: float = 60.0) -> None:
     while text not in mount.log.read_text():
         assert time.monotonic() < deadline, f"no {text!r} in the log"
         time.sleep(0.05)
-
-
-def test_the_signer_agrees_with_botocore():
-    import botocore.auth
-    import botocore.awsrequest
-    import botocore.credentials
-
-    from mmfs.storage.sigv4 import EMPTY_SHA256, Signer, canonical_path
-
-    path = canonical_path("/bucket/a key+with~odd=chars/ü.bin")
-    for token in (None, "session-token"):
-        creds = botocore.credentials.Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", token)
-        request = botocore.awsrequest.AWSRequest("GET", f"http://s3.example.com:9000{path}")
-        botocore.auth.S3SigV4Auth(creds, "s3", "eu-west-3").add_auth(request)
-        now = calendar.timegm(time.strptime(request.headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ"))
-        ours = Signer("eu-west-3").headers("s3.example.com:9000", path, creds.access_key, creds.secret_key,
-                                           creds.token, now=now)
-        assert ours["Authorization"] == request.headers["Authorization"]
-        assert ours["x-amz-date"] == request.headers["X-Amz-Date"]
-        assert ours["x-amz-content-sha256"] == request.headers["X-Amz-Content-SHA256"] == EMPTY_SHA256
 
 
 def test_a_range_answered_with_other_bytes_of_its_length_is_eio_and_not_cached(tmp_path, proxy):  # noqa: F811 - the fixture

@@ -1,188 +1,176 @@
-"""The HTTP under the fetch path: ranged GETs on connections of our own, each
-answer checked against the range asked for and read straight into the caller's
-buffer, each attempt ended at its deadline however the store answers.
+"""The HTTP under the fetch path: one ranged GET is one libcurl transfer (pycurl),
+signed by libcurl (CURLOPT_AWS_SIGV4), its answer checked against the range asked
+for and written into the caller's buffer, ended at its deadline however the store
+answers.
 
-Why not a general client: a ranged GET through botocore costs about 3 ms of CPU
-(benchmarks/s3_clients.py); this path costs a tenth of that. Nothing here retries:
-remote.py counts attempts, once.
+Why libcurl: a ranged GET through botocore costs about 1 ms of CPU, one through
+libcurl well under a tenth of that (benchmarks/s3_clients.py, docs/benchmarks.md).
+Nothing here retries: remote.py counts attempts, once.
 
-- A deadline covers the whole answer (connect, first byte and body): one thread
-  per process (`Deadlines`) shuts the socket of a request past its deadline, so a
-  store that never answers or trickles the body fails the attempt at the bound.
-- Connections are kept per endpoint, as many idle as can be in flight (`pool`);
-  one idle longer than IDLE_SECONDS is closed rather than reused (stores close
-  idle connections, and a request sent on a closed one would be a lost attempt).
+- A deadline covers the whole answer (connect, first byte and body):
+  CURLOPT_TIMEOUT_MS, so a store that never answers or trickles the body fails the
+  attempt at the bound.
+- Connections: one libcurl handle per thread (made in this process: a handle does
+  not survive a fork), each keeping its connection to the store, so the
+  connections open are at most the threads that fetch; one idle longer than
+  IDLE_SECONDS is not reused (stores close idle connections).
 """
 
 from __future__ import annotations
 
-import heapq
-import http.client
-import itertools
 import os
 import re
-import socket
-import ssl
 import threading
-import time
-from urllib.parse import urlsplit
 
-IDLE_SECONDS = 10.0
-ERROR_BODY = 64 << 10  # bytes of an error answer read (its S3 error code)
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
+IDLE_SECONDS = 10
+ERROR_BODY = 64 << 10  # bytes of an error answer kept (its S3 error code)
+_CONTENT_RANGE = re.compile(rb"bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
 class BadAnswer(Exception):
     """An answer that cannot be this range's bytes (wrong range, wrong length, cut)."""
 
 
-class Deadlines:
-    """One thread that shuts the socket of every request past its deadline."""
+def _pycurl():
+    try:
+        import pycurl
+    except ImportError:
+        from mmfs.storage.base import StorageUnavailable
+        raise StorageUnavailable("s3:// datasets need pycurl: pip install 'mmfs[s3]'") from None
+    return pycurl
 
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._pid = -1
-        self._heap: list[tuple[float, int]] = []
-        self._live: dict[int, socket.socket] = {}
-        self._seq = itertools.count()
 
-    def watch(self, sock: socket.socket, deadline: float) -> int:
-        with self._cond:
-            if self._pid != os.getpid():  # first use in this process (a fork has no thread)
-                self._pid, self._heap, self._live = os.getpid(), [], {}
-                threading.Thread(target=self._run, name="mmfs-deadlines", daemon=True).start()
-            seq = next(self._seq)
-            self._live[seq] = sock
-            heapq.heappush(self._heap, (deadline, seq))
-            if self._heap[0][1] == seq:
-                self._cond.notify()
-            return seq
+class _Answer:
+    """One transfer's answer as it comes: header lines kept, a 206 body checked
+    against the range asked for before its first byte is written to the buffer."""
 
-    def done(self, seq: int) -> bool:
-        """Stop watching; False when the deadline came first (the socket was shut)."""
-        with self._cond:
-            return self._live.pop(seq, None) is not None
+    __slots__ = ("offset", "buffer", "n", "at", "lines", "status", "bad", "error")
 
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                while self._heap and self._heap[0][1] not in self._live:
-                    heapq.heappop(self._heap)  # finished in time
-                if not self._heap:
-                    self._cond.wait()
-                    continue
-                deadline, seq = self._heap[0]
-                now = time.monotonic()
-                if deadline > now:
-                    self._cond.wait(deadline - now)
-                    continue
-                heapq.heappop(self._heap)
-                sock = self._live.pop(seq)
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)  # a blocked read or write returns at once
-                except OSError:
-                    pass
+    def __init__(self, offset: int, buffer: memoryview) -> None:
+        self.offset, self.buffer, self.n, self.at = offset, buffer, len(buffer), 0
+        self.lines: list[bytes] = []  # every header line (libcurl appends them, a call of C)
+        self.status = 0
+        self.bad = ""
+        self.error = b""
+
+    def head(self) -> None:
+        """Status and checks from the header lines of the last answer (a 100 Continue's are skipped)."""
+        starts = [i for i, line in enumerate(self.lines) if line.startswith(b"HTTP/")]
+        if not starts:
+            self.status, self.bad = -1, "an answer without a status line"
+            return
+        lines = self.lines[starts[-1]:]
+        self.status = int(lines[0].split(None, 2)[1])
+        if self.status == 200:
+            self.bad = f"the store answered the whole object, not bytes {self.offset}..{self.offset + self.n}"
+        elif self.status == 206:
+            found = length = None
+            for line in lines:
+                name, _, value = line.partition(b":")
+                name = name.strip().lower()
+                if name == b"content-range":
+                    found = value.strip()
+                elif name == b"content-length":
+                    length = value.strip()
+            matched = _CONTENT_RANGE.match(found or b"")
+            end = self.offset + self.n - 1
+            if not matched or int(matched.group(1)) != self.offset or int(matched.group(2)) != end:
+                shown = found.decode("latin-1") if found is not None else "no Content-Range"
+                self.bad = f"answered {shown!r}, not bytes {self.offset}-{end}"
+            elif length is not None and int(length) != self.n:
+                self.bad = f"a body of {length.decode('latin-1')} bytes for a range of {self.n}"
+
+    def write(self, data: bytes) -> int | None:
+        if not self.status:
+            self.head()
+        if self.bad:
+            return 0  # libcurl ends the transfer (CURLE_WRITE_ERROR)
+        if self.status != 206:
+            if len(self.error) < ERROR_BODY:
+                self.error += data[:ERROR_BODY - len(self.error)]
+            return None
+        end = self.at + len(data)
+        if end > self.n:
+            self.bad = f"a body longer than the range's {self.n} bytes"
+            return 0
+        self.buffer[self.at:end] = data
+        self.at = end
+        return None
 
 
 class Endpoint:
-    """Connections to one scheme://host:port, reused; `get_range` is one attempt."""
+    """GETs to one scheme://host:port; `get_range` is one attempt."""
 
-    def __init__(self, url: str, pool: int, deadlines: Deadlines) -> None:
-        parts = urlsplit(url)
-        self.https = parts.scheme == "https"
-        self.hostname = parts.hostname or ""
-        self.port = parts.port or (443 if self.https else 80)
-        self.host = parts.netloc.rpartition("@")[2]  # the Host header (and what SigV4 signs)
-        self.pool = pool
-        self.deadlines = deadlines
-        self._context = ssl.create_default_context() if self.https else None
-        self._idle: list[tuple[float, http.client.HTTPConnection]] = []
-        self._lock = threading.Lock()
-        self.opened = 0  # connections made (tests and benchmarks count them)
+    def __init__(self, url: str) -> None:
+        self.base = url.rstrip("/")
+        self.opened = 0  # connections made (benchmarks count them)
+        self._local = threading.local()
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        now = time.monotonic()
-        with self._lock:
-            while self._idle:
-                since, conn = self._idle.pop()
-                if now - since < IDLE_SECONDS:
-                    return conn
-                conn.close()
-            self.opened += 1
-        if self.https:
-            return http.client.HTTPSConnection(self.hostname, self.port, timeout=timeout, context=self._context)
-        return http.client.HTTPConnection(self.hostname, self.port, timeout=timeout)
+    def _handle(self):
+        pycurl = _pycurl()
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():  # first use in this thread and process
+            c = pycurl.Curl()
+            c.setopt(pycurl.NOSIGNAL, 1)  # threads: no SIGALRM for timeouts
+            c.setopt(pycurl.PROXY, "")  # the store itself, as botocore's HEAD reached it
+            c.setopt(pycurl.MAXAGE_CONN, IDLE_SECONDS)
+            c.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
+            local.curl, local.pid = c, os.getpid()
+        return local.curl
 
-    def _release(self, conn: http.client.HTTPConnection) -> None:
-        with self._lock:
-            if len(self._idle) < self.pool:
-                self._idle.append((time.monotonic(), conn))
-                return
-        conn.close()
-
-    def get_range(self, path: str, headers: dict[str, str], offset: int, buffer: memoryview,
-                  timeout: float) -> tuple[int, str, http.client.HTTPMessage | None]:
+    def get_range(self, path: str, headers: list[str], offset: int, buffer: memoryview, timeout: float,
+                  sign: tuple[str, str, str, str, str | None] | None) -> tuple[int, str]:
         """One GET of `path` for bytes [offset, offset + len(buffer)) (the Range
-        header is added here), finished within `timeout` seconds. Returns
-        (status, S3 error code or "", headers); a 206 answer's body is in `buffer`,
-        checked against the range asked for. Raises BadAnswer for an answer that is
-        not that range, OSError for a failed connection or a deadline passed."""
-        n = len(buffer)
-        headers = {**headers, "Range": f"bytes={offset}-{offset + n - 1}"}
-        deadline = time.monotonic() + timeout
-        conn = self._connection(timeout)
-        ok = False
-        watch = None
+        header is added here), finished within `timeout` seconds and signed with
+        `sign` = (region, service, access key, secret key, session token), or not
+        at all (None). Returns (status, S3 error code or ""); a 206 answer's body is
+        in `buffer`, checked against the range asked for. Raises BadAnswer for an
+        answer that is not that range, OSError for a failed connection or a
+        deadline passed."""
+        pycurl = _pycurl()
+        c = self._handle()
+        answer = _Answer(offset, buffer)
+        headers = [*headers, f"Range: bytes={offset}-{offset + answer.n - 1}"]
+        if sign is not None:
+            region, service, key, secret, token = sign
+            c.setopt(pycurl.AWS_SIGV4, f"aws:amz:{region}:{service}")
+            c.setopt(pycurl.USERPWD, f"{key}:{secret}")
+            if token:
+                headers.append(f"x-amz-security-token: {token}")
+        else:
+            c.unsetopt(pycurl.USERPWD)
+            c.setopt(pycurl.AWS_SIGV4, None)
+        c.setopt(pycurl.URL, self.base + path)
+        c.setopt(pycurl.HTTPHEADER, headers)
+        ms = max(1, int(timeout * 1000))
+        c.setopt(pycurl.CONNECTTIMEOUT_MS, ms)
+        c.setopt(pycurl.TIMEOUT_MS, ms)  # the whole transfer: connect, first byte and body
+        c.setopt(pycurl.HEADERFUNCTION, answer.lines.append)
+        c.setopt(pycurl.WRITEFUNCTION, answer.write)
         try:
-            if conn.sock is None:
-                conn.connect()  # bounded by the socket timeout
-            watch = self.deadlines.watch(conn.sock, deadline)
-            conn.request("GET", path, headers=headers)
-            answer = conn.getresponse()
-            if answer.status != 206:
-                body = answer.read(ERROR_BODY) if answer.status >= 300 else b""
-                code = _error_code(body) or str(answer.status)
-                if answer.status == 200:
-                    raise BadAnswer(f"the store answered the whole object, not bytes {offset}..{offset + n}")
-                ok = answer.isclosed() and not answer.will_close  # an error answer read whole
-                return answer.status, code, answer.msg
-            _check_range(answer, offset, n)
-            got = answer.readinto(buffer)
-            if got != n:
-                raise BadAnswer(f"short body: {got} of {n} bytes")
-            ok = not answer.will_close
-            return 206, "", answer.msg
-        except (http.client.HTTPException, ValueError) as exc:
-            raise BadAnswer(_describe(exc)) from None
+            c.perform()
+        except pycurl.error as exc:
+            code, message = exc.args[0], " ".join(str(exc.args[-1]).split())
+            if answer.bad:
+                raise BadAnswer(answer.bad) from None
+            if code == pycurl.E_OPERATION_TIMEDOUT:
+                raise TimeoutError(f"no complete answer within {timeout:g} s") from None
+            if code == pycurl.E_PARTIAL_FILE:
+                raise BadAnswer(f"short body: {answer.at} bytes, then the connection ended") from None
+            raise OSError(message or f"libcurl error {code}") from None
         finally:
-            cut = watch is not None and not self.deadlines.done(watch)
-            if cut:
-                ok = False
-            if ok:
-                self._release(conn)
-            else:
-                conn.close()
-            if cut:  # whatever the read raised, the reason is the deadline
-                raise TimeoutError(f"no complete answer within {timeout:g} s")
-
-
-def _check_range(answer: http.client.HTTPResponse, offset: int, n: int) -> None:
-    """A 206 answer's Content-Range and Content-Length are the range asked for."""
-    found = _CONTENT_RANGE.match(answer.getheader("Content-Range", "").strip())
-    if not found or int(found.group(1)) != offset or int(found.group(2)) != offset + n - 1:
-        raise BadAnswer(f"answered {answer.getheader('Content-Range', 'no Content-Range')!r}, "
-                        f"not bytes {offset}-{offset + n - 1}")
-    length = answer.getheader("Content-Length")
-    if length is not None and int(length) != n:
-        raise BadAnswer(f"a body of {length} bytes for a range of {n}")
+            self.opened += c.getinfo(pycurl.NUM_CONNECTS)
+        if not answer.status:
+            answer.head()  # an answer without a body
+        if answer.bad:
+            raise BadAnswer(answer.bad)
+        if answer.status != 206:
+            return answer.status, _error_code(answer.error) or str(answer.status)
+        if answer.at != answer.n:
+            raise BadAnswer(f"short body: {answer.at} of {answer.n} bytes")
+        return 206, ""
 
 
 def _error_code(body: bytes) -> str:
     found = re.search(rb"<Code>([^<]{1,100})</Code>", body)
     return found.group(1).decode("ascii", "replace") if found else ""
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, http.client.IncompleteRead):
-        return f"short body: {len(exc.partial)} bytes, then the connection ended"
-    return " ".join(str(exc).split()) or type(exc).__name__

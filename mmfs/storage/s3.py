@@ -7,13 +7,13 @@ AWS_REGION, an instance role), none of it ever written to a message. boto3 also
 says where the object's bytes are (the URL it would address, path- or
 virtual-host-style) and in which region requests are signed.
 
-Its bytes are fetched by ranged GETs on mmfs's own connections (http.py), signed
-here (sigv4.py) with the credentials of that same chain, asked for afresh on every
-request (temporary ones are refreshed by botocore): a ranged GET through botocore
-costs about five times the CPU (benchmarks/s3_clients.py). (obstore costs about
-half of this path, but its runtime does not survive the fork that makes the mount
-daemon: a request in the forked process hangs.) Clients and connections are made
-per process for the same reason.
+Its bytes are fetched by ranged GETs through libcurl (http.py), signed by libcurl
+with the credentials of that same chain, asked for afresh on every request
+(temporary ones are refreshed by botocore): a ranged GET through botocore costs
+about ten times the CPU (benchmarks/s3_clients.py). (obstore costs about as
+much, but its runtime does not survive the fork that makes the mount daemon: a
+request in the forked process hangs.) Clients and libcurl handles are made per
+process for the same reason.
 
 Every GET is conditional on the ETag seen when the object was looked up
 (If-Match), so an object replaced while it is read is an error, never a mix of
@@ -30,11 +30,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from mmfs.storage.base import NotThere, StorageError, StorageUnavailable
-from mmfs.storage.http import BadAnswer, Deadlines, Endpoint
+from mmfs.storage.http import BadAnswer, Endpoint
 from mmfs.storage.redact import shown_url
 from mmfs.storage.remote import Changed, Permanent, RemoteObject, Transient, register_backend, short
 from mmfs.storage.settings import StorageSettings, endpoint_problem, environment_endpoint
-from mmfs.storage.sigv4 import Signer
 
 
 def _boto3():
@@ -62,7 +61,6 @@ class Store:
     fetch path's connections, deadlines and credentials."""
 
     settings: StorageSettings
-    deadlines: Deadlines = field(default_factory=Deadlines)
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _session: Any = None
@@ -93,10 +91,7 @@ class Store:
         with self.lock:
             made = self.endpoints.get(base)
             if made is None:
-                # as many idle connections as requests can be in flight: the prefetch
-                # pool's and the readers' own pieces (max_requests each), and the reads
-                # of the FUSE threads themselves
-                made = self.endpoints[base] = Endpoint(base, 2 * self.settings.max_requests + 16, self.deadlines)
+                made = self.endpoints[base] = Endpoint(base)
             return made
 
     def credentials(self) -> Any:
@@ -168,7 +163,7 @@ class S3Object(RemoteObject):
         self.base = f"{address.scheme}://{address.netloc}"
         self.path = address.path
         scope = parse_qs(address.query).get("X-Amz-Credential", ["////"])[0].split("/")
-        self.signer = Signer(scope[2] or "us-east-1", scope[3] or "s3")
+        self.scope = (scope[2] or "us-east-1", scope[3] or "s3")
 
     def _lookup(self) -> tuple[int, str]:
         _, botocore = _boto3()
@@ -209,16 +204,14 @@ class S3Object(RemoteObject):
     def _get_into(self, offset: int, buffer: memoryview) -> None:
         here = store(self.settings)
         endpoint = here.endpoint(self.base)
-        headers = {"Host": endpoint.host, "If-Match": self.etag}
         try:
             found = here.credentials()
         except Exception as exc:  # a refresh that failed (an instance role unreachable, say)
             raise Transient(f"no credentials: {short(exc)}") from None
-        if found is not None:
-            headers.update(self.signer.headers(endpoint.host, self.path, found.access_key, found.secret_key,
-                                               found.token))
+        sign = None if found is None else (*self.scope, found.access_key, found.secret_key, found.token)
         try:
-            status, code, _ = endpoint.get_range(self.path, headers, offset, buffer, self.settings.request_timeout)
+            status, code = endpoint.get_range(self.path, [f"If-Match: {self.etag}"], offset, buffer,
+                                              self.settings.request_timeout, sign)
         except (BadAnswer, OSError) as exc:  # a wrong range, a cut connection, the deadline
             raise Transient(short(exc)) from None
         if status == 206:
