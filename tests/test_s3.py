@@ -54,6 +54,40 @@ def proxy(server, monkeypatch):
     p.close()
 
 
+class RecordingProxy(FaultProxy):
+    """The proxy, also noting each ranged GET as it arrives (`asked`: path, Range), and
+    holding those `hold(path, Range)` is true for until `let_go()`: a fetch stays in
+    flight for as long as a test needs, whatever the machine's speed."""
+
+    def __init__(self, target_port: int) -> None:
+        super().__init__(target_port)
+        self.asked: list[tuple[str, str]] = []
+        self.hold = None
+        self._go = threading.Event()
+
+    def let_go(self) -> None:
+        self.hold = None
+        self._go.set()
+
+    def _serve(self, h) -> None:
+        if h.command == "GET" and "Range" in h.headers:
+            with self._lock:
+                self.asked.append((h.path, h.headers["Range"]))
+            hold = self.hold
+            if hold is not None and hold(h.path, h.headers["Range"]):
+                self._go.wait(120)  # bounded: a failed test never leaves it hanging
+        super()._serve(h)
+
+
+@pytest.fixture
+def recording(proxy, server):
+    """A RecordingProxy (with the environment `proxy` sets)."""
+    p = RecordingProxy(server.port)
+    yield p
+    p.let_go()
+    p.close()
+
+
 def remote(prefix: str, scheme: str = "s3") -> str:
     """The URL of an object: s3://golden/..., or msc://golden/... through the MSC
     profile `golden` (the same bucket)."""
@@ -432,10 +466,10 @@ def span(rng: str) -> tuple[int, int]:
     return int(first), int(last) + 1
 
 
-def requested(proxy: FaultProxy) -> dict[str, list[tuple[int, int]]]:
+def requested(proxy: RecordingProxy) -> dict[str, list[tuple[int, int]]]:
     """The byte ranges [lo, hi) of every ranged GET the proxy has seen, by object path."""
     out: dict[str, list[tuple[int, int]]] = {}
-    for path, rng in list(proxy.ranges):
+    for path, rng in list(proxy.asked):
         out.setdefault(path, []).append(span(rng))
     return out
 
@@ -466,10 +500,11 @@ def wait_for(condition, what: str, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def test_a_remote_mount_prefetches_the_next_files_in_order(tmp_path, proxy):
+def test_a_remote_mount_prefetches_the_next_files_in_order(tmp_path, recording):
     """What the prefetcher asks the store for, seen at the proxy (never how long a read
     took): the two files after the first one read; a wider window when the reader reaches
     a file still being fetched; the files after the last one read; no other rank's."""
+    proxy = recording
     local, s3 = write_configs("p1_single_u16", tmp_path, proxy.url, prefetch=64 << 10)
     rank = "train/ranks/001"
     pieces = pieces_of(s3, rank, 42)
@@ -482,6 +517,7 @@ def test_a_remote_mount_prefetches_the_next_files_in_order(tmp_path, proxy):
         for path, spans in by_path(sum(pieces[:min(files)], [])).items():
             ranges.setdefault(path, []).extend(spans)
         return all(covered(pieces[j], ranges) for j in files)
+
     # file 1's fetch stays in flight until the reader has reached it: the proxy holds the
     # request for its last piece (a file's pieces are fetched in the order of their offsets)
     last, file0 = max(new[1]), by_path(pieces[0])
@@ -491,7 +527,7 @@ def test_a_remote_mount_prefetches_the_next_files_in_order(tmp_path, proxy):
         return (path == last[0] and last[1] < hi and lo < last[2]
                 and not any(a < hi and lo < b for a, b in file0.get(path, ())))
 
-    proxy.ranges, proxy.hold = [], holds
+    proxy.hold = holds
     with mounted(s3, tmp_path / "s3") as b:
         names = sorted(os.listdir(b.path / rank))
         gets = proxy.ranged_gets
@@ -505,7 +541,7 @@ def test_a_remote_mount_prefetches_the_next_files_in_order(tmp_path, proxy):
             wait_for(lambda: fetched(3, 4, 5), "the window grows to four files")
             assert not fetched(6)
         finally:
-            proxy.release()
+            proxy.let_go()
             reader.join(60)
         assert not reader.is_alive()
         for name in names[2:40]:
@@ -515,7 +551,6 @@ def test_a_remote_mount_prefetches_the_next_files_in_order(tmp_path, proxy):
         gets = proxy.ranged_gets
         assert (other / sorted(os.listdir(other))[3]).read_bytes()
         assert proxy.ranged_gets > gets  # another rank's file: not prefetched
-    proxy.ranges = None
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp_path / "s3.log")
 
@@ -543,7 +578,7 @@ def test_a_text_dataset_in_a_bucket_is_tokenized_once_per_etag(tmp_path, server,
     assert len(list((tmp_path / "storage" / "text").glob("corpus-*_text_document.idx"))) == 2
 
 
-def test_back_to_back_pieces_are_one_request(tmp_path, server, proxy):
+def test_back_to_back_pieces_are_one_request(tmp_path, server, recording):
     """A document of many sequences lies back to back in the .bin: reading it (or
     prefetching it) is one ranged GET, not one per sequence."""
     from mmfs.formats.writer import IndexedDatasetWriter
@@ -567,25 +602,23 @@ def test_back_to_back_pieces_are_one_request(tmp_path, server, proxy):
     local.write_text(yaml.safe_dump({**base, "datasets": [{"path": "data/multi"}], "cache_dir": "c1"}))
     s3 = tmp_path / "s3.yaml"
     s3.write_text(yaml.safe_dump({**base, "datasets": [{"path": remote("multi/multi")}], "cache_dir": "c2",
-                                  "storage": {"endpoint_url": proxy.url, "cache_dir": str(tmp_path / "storage"),
-                                              "prefetch": 0}}))
+                                  "storage": {"endpoint_url": recording.url,
+                                              "cache_dir": str(tmp_path / "storage"), "prefetch": 0}}))
     with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
-        proxy.ranges = []
+        before = len(recording.asked)
         for d in (3, 17):
             name = f"datasets/multi/documents/{d:07d}.bin"
             assert (b.path / name).read_bytes() == (a.path / name).read_bytes()
-        bins = [r for r in proxy.ranges if r[0].endswith("multi.bin")]
+        bins = [r for r in recording.asked[before:] if r[0].endswith("multi.bin")]
         assert len(bins) == 2, bins  # one per document, not 30
-        proxy.ranges = None
     s3.write_text(s3.read_text().replace("prefetch: 0", "prefetch: 65536"))  # the window joins them too
     with mounted(s3, tmp_path / "ahead") as c:
-        proxy.ranges = []
+        before = len(recording.asked)
         for d in range(12):
             assert (c.path / f"datasets/multi/documents/{d:07d}.bin").read_bytes()
         # the requests for the bytes of the documents read (those are all made: each read has
         # returned), by the reader or the window: one or two a document (the two at once); per sequence: 30
-        bins = [span(r) for p, r in proxy.ranges if p.endswith("multi.bin")]
+        bins = [span(r) for p, r in recording.asked[before:] if p.endswith("multi.bin")]
         for d in range(12):
             asked = [(lo, hi) for lo, hi in bins if lo < ends[d + 1] and ends[d] < hi]
             assert 1 <= len(asked) <= 2, (d, asked)
-        proxy.ranges = None
