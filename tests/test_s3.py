@@ -569,7 +569,7 @@ def test_a_remote_mount_prefetches_the_next_files_in_order(tmp_path, recording, 
             reader.join(60)
         assert not reader.is_alive()
         local = local_mount("p1_single_u16").path / rank
-        for name in names[:40]:  # what the window fetched reads as the local bytes
+        for name in names[2:40]:  # what the window fetched reads as the local bytes
             assert (b.path / rank / name).read_bytes() == (local / name).read_bytes()
         wait_for(lambda: fetched(40, 41), "the window is ahead of the last read")
         other = b.path / "train" / "ranks" / "000"
