@@ -208,7 +208,7 @@ def test_a_golden_case_through_a_multi_storage_client_profile(tmp_path, proxy, m
 
 
 def test_two_mounts_share_one_cache_folder(tmp_path, proxy, local_mount):
-    _, s3 = write_configs("p1_single_u16", tmp_path, proxy.url)
+    _, s3 = write_configs("p1_single_u16", tmp_path, proxy.url, prefetch=0)  # (every 9th file: no window)
     a = local_mount("p1_single_u16")
     with mounted(s3, tmp_path / "one") as b, mounted(s3, tmp_path / "two") as c:
         names = sorted(os.listdir(a.path / "train/samples"))[::9]
