@@ -516,7 +516,7 @@ def covered(pieces, ranges: dict[str, list[tuple[int, int]]]) -> bool:
     return True
 
 
-def wait_for(condition, what: str, timeout: float = 30.0) -> None:
+def wait_for(condition, what: str, timeout: float = 60.0) -> None:
     """Wait until `condition()` holds; the timeout only ends a test that has failed."""
     deadline = time.monotonic() + timeout
     while not condition():
