@@ -2,9 +2,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+CORE := $(VENV)/.installed-core
+TESTS := $(VENV)/.installed-test
 
-.PHONY: demo test install system-deps browser bench clean
+.PHONY: demo test install install-test system-deps browser bench clean
 
 system-deps:
 	@command -v fusermount >/dev/null 2>&1 || { \
@@ -23,18 +24,28 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    chromium fonts-liberation >/dev/null; }
 
-$(STAMP): pyproject.toml setup.py native/*.c native/*.h native/*.py mmfs/mount/contract.py
-	$(PYTHON) -m venv $(VENV)
+# Two stamps: the core (mmfs and what it imports: numpy, cffi, PyYAML, fusepy) for the
+# demo, and the test extras on top for the tests. The test stamp needs the core built
+# first (order-only: a rebuilt core does not make the extras reinstall), so `make demo`
+# then `make test` adds the extras, and `make test` then `make demo` changes nothing.
+$(CORE): pyproject.toml setup.py native/*.c native/*.h native/*.py mmfs/mount/contract.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
-	touch $(STAMP)
+	$(PY) -m pip install -q -e .
+	touch $(CORE)
 
-install: system-deps $(STAMP)
+$(TESTS): pyproject.toml | $(CORE)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(TESTS)
+
+install: system-deps $(CORE)
+
+install-test: install $(TESTS)
 
 demo: install
 	$(PY) -m mmfs.tools.demo
 
-test: install browser
+test: install-test browser
 	$(PY) -m pytest -q
 
 bench: install

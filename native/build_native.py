@@ -14,7 +14,16 @@ HERE = Path(__file__).resolve().parent
 # The mount contract's facts the C core needs, from their one home (a
 # standard-library module, run by path: the package need not be importable).
 CONTRACT = runpy.run_path(str(HERE.parent / "mmfs" / "mount" / "contract.py"))
-(HERE / "mmfs_contract.h").write_text(CONTRACT["c_header"]())
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    """Write `text` only when it differs: a rewritten header, though the same, is newer
+    than the venv's stamp, and `make` would reinstall everything."""
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+write_if_changed(HERE / "mmfs_contract.h", CONTRACT["c_header"]())
 HEADERS = ("mmfs_native.h", "mmfs_views.h", "mmfs_fuse.h", "mmfs_randperm.h")
 HEADER = "\n".join((HERE / name).read_text() for name in HEADERS)
 SOURCES = ("mmfs_index.c", "mmfs_readers.c", "mmfs_views.c", "mmfs_fuse.c", "mmfs_latency.c", "mmfs_randperm.c",

@@ -4,6 +4,7 @@ codes, .pbin problem codes and the header generated from the mount contract."""
 from __future__ import annotations
 
 import pickle
+import runpy
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,16 @@ NATIVE = Path(__file__).resolve().parent.parent / "native"
 
 def test_the_built_header_is_the_contracts():
     assert (NATIVE / "mmfs_contract.h").read_text() == contract.c_header()
+
+
+def test_a_build_leaves_an_unchanged_header_alone():
+    """`pip install -e .` runs build_native.py; a header it rewrote with the same text would
+    be newer than the venv's stamp, and the next `make` would reinstall the venv."""
+    header = NATIVE / "mmfs_contract.h"
+    before = header.stat().st_mtime_ns
+    runpy.run_path(str(NATIVE / "build_native.py"))  # what setuptools runs (not its compile step)
+    assert header.stat().st_mtime_ns == before
+    assert header.read_text() == contract.c_header()
 
 
 def _view(path: bytes, count: int, width: int):

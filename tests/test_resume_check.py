@@ -64,13 +64,15 @@ def test_counts_are_those_of_megatrons_samplers(c):
     assert report.exactly_once == (not want[0].size and not want[1].size)
 
 
-def _config(tmp_path: Path, total: int, c: dict) -> tuple[Path, str]:
+def _config(tmp_path: Path, total: int, c: dict, name: str = "config.yaml") -> tuple[Path, str]:
+    """The case's config with c's old layout, as `name` in tmp_path (configs of one
+    folder share its index cache: the layout is not part of the indices)."""
     case, split = SPLITS[total]
-    config = write_case_config(case, tmp_path)
-    raw = yaml.safe_load(config.read_text())
+    raw = yaml.safe_load(write_case_config(case, tmp_path).read_text())
     raw["training"] = {"data_parallel_size": c["old_dp"], "micro_batch_size": c["old_mbs"]}
     if c["kind"] != "single":
         raw["training"].update(dataloader_type="cyclic", data_sharding=c["kind"] == "sharded")
+    config = tmp_path / name
     config.write_text(yaml.safe_dump(raw))
     return config, split
 
@@ -90,7 +92,7 @@ def _pick(total: int) -> list[dict]:
 @pytest.mark.parametrize("total", sorted(SPLITS))
 def test_exit_codes_and_counts_through_the_command(tmp_path, total):
     for k, c in enumerate(_pick(total)):
-        config, split = _config(tmp_path / str(k), total, c)
+        config, split = _config(tmp_path, total, c, f"config-{k}.yaml")
         to = f"dp={c['dp']},mbs={c['mbs']}"
         r = mmfs("resume-check", config, "--consumed", c["consumed"], "--to", to, "--split", split, "--json")
         want = _want(c)

@@ -57,7 +57,7 @@ class _Window:
     registry: Any  # the Registry the view is read through
     view: Any
     reading: int = -1  # the file the reader last started
-    next: int = 0  # the next file to fetch
+    next: int = -1  # the next file to fetch (none yet: a first read starts the window as a jump does)
     ahead: int = 0  # bytes scheduled in (reading, next)
     target: int = 0  # bytes to keep ahead: doubled whenever the reader outruns the window
 
