@@ -12,6 +12,7 @@ arguments from a file, any number per line, with shell quoting and `#` comments
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -20,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from mmfs.config.blend import MAX_ARGS_FILE
+from mmfs.config.blend import MAX_ARGS_FILE, parse_data_words
 from mmfs.config.checker import Checker
 from mmfs.config.tokenizer import DEFAULT_TOKENIZER_CLASS
 from mmfs.config.training import TRAINING_KEYS, parse_training, with_schedule
@@ -241,6 +242,10 @@ def _blend_words(values: dict, flag: str) -> list[str] | None:
         return None
     if not words:
         raise MegatronArgsError(f"{flag}: no dataset given")
+    for blend in parse_data_words(list(words), FlagChecker(), flag):  # as the config would check them
+        if "weight" in blend and not (math.isfinite(blend["weight"]) and blend["weight"] > 0):
+            raise MegatronArgsError(f"{flag}: the weight {blend['weight']} of {blend['path']} is not a positive "
+                                    "number; give each dataset a weight above 0")
     return list(words)
 
 
