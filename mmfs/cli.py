@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", help="a YAML config, or an mmfs mount")
     p.add_argument("-o", dest="output", metavar="FILE.html", help="where to write the page (default: report.html)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON instead")
-    p.add_argument("--iterations", metavar="I,J,...",
+    p.add_argument("--iterations", metavar="I,J,...", type=_integers,
                    help="the iterations the page's sample browser holds (default: up to 24 across the run)")
 
     p = sub.add_parser("preprocess", parents=[common],
@@ -167,6 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
     from mmfs.tools.preprocess import add_arguments
     add_arguments(p)
     return parser
+
+
+def _integers(text: str) -> list[int]:
+    """I,J,...: a comma-separated list of whole numbers."""
+    try:
+        return [int(word) for word in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:60]!r} is not a comma-separated list of whole numbers") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -168,6 +168,14 @@ LINE = ["--data-path", "data/u16_docs", "--seq-length", "8", "--tokenizer-type",
     # torchrun's flags: no process is no world (was a TypeError)
     ([*LINE, "--micro-batch-size", "1", "--nproc_per_node", "0"], "--nproc_per_node: 0: torchrun starts"),
     ([*LINE, "--micro-batch-size", "1", "--nproc-per-node", "2", "--nnodes", "0"], "--nnodes: 0: torchrun starts"),
+    # printed, these were refused only by mmfs build (the config's own checks)
+    ([*LINE, "--micro-batch-size", "1", "--seq-length", "9" * 23], "--seq-length: 999"),
+    ([*LINE, "--micro-batch-size", "1", "--split", "1,2,3,4"], "--split: '1,2,3,4' is not a split"),
+    ([*LINE, "--micro-batch-size", "1", "--split", "0,0,0"], "--split: '0,0,0' gives every split a zero share"),
+    (["--data-path", "nan", "data/u16_docs", "1", "data/u16_small", *LINE[2:], "--micro-batch-size", "1"],
+     "--data-path: the weight nan of data/u16_docs is not a positive number"),
+    (["--data-path", "0", "data/u16_docs", "1", "data/u16_small", *LINE[2:], "--micro-batch-size", "1"],
+     "--data-path: the weight 0.0 of data/u16_docs"),
     # special files: refused at once, never read
     (["@/dev/zero"], "/dev/zero: is a character device, not a regular file"),
     (["@."], ".: is a directory, not a regular file"),

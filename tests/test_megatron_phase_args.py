@@ -85,6 +85,15 @@ def test_one_launch_per_phase_is_a_restart_config_of_the_same_run(tmp_path):
     (lambda files: ["step.args", "step.args", "step.args"], "needs a fixed global batch size"),
     (lambda files: [files[0], "unweighted.args", files[2]], "give each dataset a weight"),
     (lambda files: [files[0], "per_split.args", files[2]], "per-split paths cannot be phased"),
+    # a FIFO hung, a non-UTF-8 file was a traceback-free but cut read of 16 MiB: the shared sized-file check
+    (lambda files: [files[0], "fifo.args", files[2]], "pipe: is a FIFO (named pipe), not a regular file "
+                                                      "(launch 1's --data-args-path)"),
+    (lambda files: [files[0], "latin1.args", files[2]], "not UTF-8 text (byte 0)"),
+    # printed a config mmfs build refuses (a phase at or past the end; a weight that is not above 0)
+    (lambda files: ["end0.args", "end1.args", "end2.args"], "iteration 30 starts at sample 240, at or past "
+                                                            "--train-samples 240"),
+    (lambda files: [files[0], "nan.args", files[2]], "--data-path: the weight nan of data/u16_docs is not a "
+                                                     "positive number"),
 ])
 def test_mistakes_are_one_line(tmp_path, edit, words):
     folder = _folder(tmp_path)
@@ -97,11 +106,17 @@ def test_mistakes_are_one_line(tmp_path, edit, words):
         "step.args": f"{DATA[0]}\n{common.replace('--global-batch-size 8', '--step-batch-size-schedule 0:8')}",
         "unweighted.args": f"--data-path data/u16_docs data/u16_small\n{common}",
         "per_split.args": f"--train-data-path 1 data/u16_docs\n{common}",
+        "fifo.args": f"--data-args-path pipe\n{common}",
+        "latin1.args": f"--data-args-path latin1.txt\n{common}",
+        "nan.args": f"--data-path nan data/u16_docs 1 data/u16_small\n{common}",
+        **{f"end{k}.args": f"{data}\n{common.replace('22,10', '10,30')}" for k, data in enumerate(DATA)},
     }
+    os.mkfifo(folder / "pipe")
+    (folder / "latin1.txt").write_bytes(b"\xe91 data/u16_docs")
     for name, text in variants.items():
         (folder / name).write_text(text + "\n")
     files = edit(["phase0.args", "phase1.args", "phase2.args"])
-    proc = mmfs("config", "--from-megatron", *_launches(*files), cwd=folder)
+    proc = mmfs("config", "--from-megatron", *_launches(*files), cwd=folder, timeout=30)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
 
 

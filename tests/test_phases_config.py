@@ -40,6 +40,10 @@ from mmfs.megatron.phases import megatron_weights
     ([TWO_PHASES[0], {**TWO_PHASES[1], "tokenizer": {"eod": 1}}], {}, "phases[1].tokenizer", "cannot change"),
     ([TWO_PHASES[0], {"datasets": TWO_PHASES[1]["datasets"]}], {}, "phases[1].start_iteration", "missing"),
     ([{**TWO_PHASES[0], "start_iteration": 3}], {}, "phases[0].start_iteration", "starts at 0"),
+    ("web", {}, "phases", "a non-empty list of phases"),  # these three named `datasets`, a key never meant
+    ([], {}, "phases", "a non-empty list of phases"),
+    ([{"start_iteration": 0}, TWO_PHASES[1]], {}, "phases[0].datasets", "missing"),
+    (["web", TWO_PHASES[1]], {}, "phases[0]", "expected a mapping"),
     ([TWO_PHASES[0], {**TWO_PHASES[1], "start_iteration": 30}], {}, "phases[1].start_iteration",
      "past the end of training"),
     (TWO_PHASES, {"phase_mode": "later"}, "phase_mode", "not a phase mode"),

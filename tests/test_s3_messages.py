@@ -119,6 +119,20 @@ def test_credentials_in_an_endpoint_url_are_refused_and_never_written(tmp_path, 
     assert not [p for p in written if SECRET in p.read_text(errors="replace")]
 
 
+@pytest.mark.parametrize("endpoint", [
+    f"http://admin:{SECRET}#x@127.0.0.1:9000",  # a password with # ? / or @ puts its @ past the netloc:
+    f"http://admin:{SECRET}?x@127.0.0.1:9000",  # echoed whole, and the URL parser's port error quoted it
+    f"http://admin:{SECRET}/x@127.0.0.1:9000",
+    f"http://admin:p@ss{SECRET}@127.0.0.1:9000",
+    f"http://127.0.0.1:9000/{SECRET}@x",  # accepted, and written to mmfs.json
+])
+def test_credentials_the_url_parser_misses_are_refused_and_never_echoed(tmp_path, monkeypatch, endpoint):
+    url = f"s3://{BUCKET}/data/u16_docs"
+    one_line(mmfs("build", config(tmp_path, url, endpoint), timeout=60), "storage.endpoint_url: ", "holds credentials")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    one_line(mmfs("info", url, timeout=60), "AWS_ENDPOINT_URL: ", "holds credentials")
+
+
 @pytest.mark.parametrize("endpoint", ["http://[", "http://[::1", "http://%zz", "http://h\u00f6st:9000",
                                       "http://" + "h" * 10_000, "http://host:99999", "ftp://host",
                                       "http://[zz::1]:80", "http://a..b"])

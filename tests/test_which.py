@@ -210,3 +210,22 @@ def test_which_consumed_is_a_job_resumed_there_also_past_64_bits(tmp_path):
     far = mmfs("which", unsharded, "--iteration", 10**15)  # unsharded: walked pass by pass, bounded
     assert far.returncode == 2 and far.stderr.count("\n") == 1 and "--consumed" not in far.stderr and \
         "a job resumed there is answered at once" in far.stderr, far.stderr
+
+
+@pytest.mark.parametrize("manifest", ["[]", '{"config_path": 5}', "fifo", "dev-zero"])
+def test_a_folder_whose_mmfs_json_is_not_a_mounts_is_one_line(tmp_path, manifest):
+    """`which`, `report` and `resume-check`-style readers of MOUNT/mmfs.json: a JSON that is
+    not a mapping was a traceback, a FIFO hung every reader, /dev/zero filled memory."""
+    folder = tmp_path / "notamount"
+    folder.mkdir()
+    path = folder / "mmfs.json"
+    if manifest == "fifo":
+        os.mkfifo(path)
+    elif manifest == "dev-zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_text(manifest)
+    for command in (["which", folder, "--iteration", "1"], ["report", folder, "--json"]):
+        proc = mmfs(*command, timeout=30)
+        assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert "mmfs.json" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

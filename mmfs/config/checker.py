@@ -8,6 +8,9 @@ from typing import Any
 from mmfs.config.safe_yaml import show
 from mmfs.errors import ConfigError
 
+# Linux's PATH_MAX, and more than any object URL (an S3 key is at most 1,024 bytes): a longer
+# path exists nowhere, and echoing it whole made one error line of megabytes
+MAX_PATH = 4096
 INT64_MAX = 2**63 - 1  # Megatron holds sample counts and token ids in int64
 
 
@@ -61,4 +64,6 @@ class Checker:
             raise self.fail(key, f"expected {what}, got {show(value)}")
         if "\0" in value:
             raise self.fail(key, f"{show(value)} holds a NUL byte; give {what}")
+        if len(value) > MAX_PATH or len(value.encode("utf-8", "surrogatepass")) > MAX_PATH:
+            raise self.fail(key, f"{show(value)} is longer than any path ({MAX_PATH:,} bytes at most); give {what}")
         return value

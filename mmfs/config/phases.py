@@ -30,6 +30,8 @@ PHASE_MODES = ("continue", "restart")
 STARTS = ("start_iteration", "start_samples", "start_tokens")
 PHASE_DATA_KEYS = ("datasets", "data_path")
 PHASE_KEYS = set(STARTS) | set(PHASE_DATA_KEYS)
+PHASES_SHAPE = "expected a non-empty list of phases ({start_iteration, datasets})"
+PHASE_SHAPE = "expected a mapping {start_iteration: N, datasets: [...]}"
 # Keys of the run that a phase may not change, and why (the one line says it).
 FIXED_KEYS = {
     "sequence_length": "every sample of a run has one length",
@@ -99,11 +101,18 @@ def first_phase_data(raw: dict, checker: Checker) -> dict:
     """`raw` with the first phase's data as the top level's when the top level has
     none (valid and test, and the split, then come from it)."""
     phases = raw.get("phases")
-    if not isinstance(phases, list) or not phases or not isinstance(phases[0], dict):
+    if phases is None:
         return raw
+    if not isinstance(phases, list) or not phases:
+        raise checker.fail("phases", PHASES_SHAPE)  # (not "datasets: missing", a key the user never meant)
+    if not isinstance(phases[0], dict):
+        raise checker.fail("phases[0]", PHASE_SHAPE)
     given = [k for k in PHASE_DATA_KEYS if phases[0].get(k) is not None]
     if len(given) == 1:
         return {**raw, given[0]: phases[0][given[0]]}
+    if not given:
+        raise checker.fail("phases[0].datasets", "missing: the first phase's datasets (with weights), or give "
+                                                 "them at the top level")
     return raw
 
 
@@ -120,7 +129,7 @@ def parse_phases(raw: dict, checker: Checker, base_dir: str, top: Blend | None, 
     if mode not in PHASE_MODES:
         raise checker.fail("phase_mode", f"{show(mode)} is not a phase mode (continue or restart)")
     if not isinstance(value, list) or not value:
-        raise checker.fail("phases", "expected a non-empty list of phases ({start_iteration, datasets})")
+        raise checker.fail("phases", PHASES_SHAPE)
     if top is None:
         raise checker.fail("phases", "phases change the train blend of `datasets` or `data_path`; "
                                      "they cannot be used with blend_per_split")
@@ -138,7 +147,7 @@ def parse_phases(raw: dict, checker: Checker, base_dir: str, top: Blend | None, 
     for k, entry in enumerate(value):
         key = f"phases[{k}]"
         if not isinstance(entry, dict):
-            raise checker.fail(key, "expected a mapping {start_iteration: N, datasets: [...]}")
+            raise checker.fail(key, PHASE_SHAPE)
         for name in entry:
             if name in FIXED_KEYS:
                 raise checker.fail(f"{key}.{name}", f"a phase cannot change {name} ({FIXED_KEYS[name]}); "

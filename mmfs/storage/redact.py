@@ -24,8 +24,9 @@ _FIELD = re.compile(
     r"""|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|(?![{\[(])[^\s,;&'"}\])\\]+)""",
     re.IGNORECASE,
 )
-# user:password@ (or a token@) in any URL
-_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]{0,40}://)[^/\s@'\"?#]*@")
+# user:password@ (or a token@) in any URL: up to the URL's last @, since a password may
+# hold @, /, ? or # (unencoded, so a URL parser cuts it elsewhere; masking too much is safe)
+_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]{0,40}://)[^\s'\"]*@")
 
 
 def _mask_field(m: re.Match) -> str:

@@ -18,12 +18,18 @@ ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
+CREDENTIALS = ("holds credentials (user:password@): give them as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+               "(or AWS_PROFILE), never in the URL")
+
+
 def endpoint_problem(url: str) -> str | None:
     """Why `url` is not an S3 endpoint URL (http(s)://HOST[:PORT][/PATH]), or None.
     Credentials in it are refused: they would be written wherever the URL is (mmfs.json,
     logs, messages), and S3 credentials come from the AWS chain, not the URL."""
     if not url.isascii() or not url.isprintable() or any(c.isspace() for c in url):
         return "holds a character that is not printable ASCII (write a host name in its xn-- form)"
+    if "@" in url:  # anywhere: a password with / ? or # puts its @ past the netloc (and the parser's
+        return CREDENTIALS  # error would quote it); an S3 endpoint's path has no @
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -31,9 +37,6 @@ def endpoint_problem(url: str) -> str | None:
         return f"is not a URL ({exc})"
     if parts.scheme not in ("http", "https"):
         return "must start with http:// or https://"
-    if "@" in parts.netloc:
-        return ("holds credentials (user:password@): give them as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                "(or AWS_PROFILE), never in the URL")
     host = parts.hostname or ""
     if parts.netloc.startswith("["):
         try:

@@ -12,6 +12,7 @@ arguments from a file, any number per line, with shell quoting and `#` comments
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -20,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from mmfs.config.blend import MAX_ARGS_FILE
+from mmfs.config.blend import MAX_ARGS_FILE, parse_data_words, parse_split
 from mmfs.config.checker import Checker
 from mmfs.config.tokenizer import DEFAULT_TOKENIZER_CLASS
 from mmfs.config.training import TRAINING_KEYS, parse_training, with_schedule
@@ -241,6 +242,10 @@ def _blend_words(values: dict, flag: str) -> list[str] | None:
         return None
     if not words:
         raise MegatronArgsError(f"{flag}: no dataset given")
+    for blend in parse_data_words(list(words), FlagChecker(), flag):  # as the config would check them
+        if "weight" in blend and not (math.isfinite(blend["weight"]) and blend["weight"] > 0):
+            raise MegatronArgsError(f"{flag}: the weight {blend['weight']} of {blend['path']} is not a positive "
+                                    "number; give each dataset a weight above 0")
     return list(words)
 
 
@@ -294,6 +299,8 @@ def to_config(argv: list[str], environ: dict | None = None) -> tuple[dict[str, A
         config["storage"] = {"cache_dir": values["--object-storage-cache-path"]}
     config["training"] = training_block(values, environ, comments)
     checker = FlagChecker()
+    if "split" in config:  # the config's own check: printed, it was refused only by mmfs build
+        parse_split(config["split"], checker)
     with_schedule(parse_training(config["training"], checker), config["sequence_length"], None, checker)
     if "--hybrid-context-parallel" in values:
         comments.append(HYBRID_CP_REROUTES)
@@ -308,6 +315,8 @@ class FlagChecker(Checker):
         super().__init__("")
 
     def fail(self, key: str, message: str) -> MegatronArgsError:
+        if key == "split":
+            return MegatronArgsError(f"--split: {message}")
         return MegatronArgsError(f"{_as_flags(key.split('[')[0])}: {_as_flags(message)}")
 
 
@@ -327,6 +336,9 @@ def sequence_length(values: dict) -> int:
         raise MegatronArgsError("--seq-length: missing: the number of tokens per sample")
     if seq < 1:
         raise MegatronArgsError(f"--seq-length: {seq}: a sample holds at least 1 token")
+    if seq > 2**31 - 2:  # as the config checks sequence_length: Megatron's int32 sample index, extra token included
+        raise MegatronArgsError(f"--seq-length: {seq}: more than 2**31 - 2 tokens (with the extra token, Megatron's "
+                                "sample index holds int32 lengths)")
     cp = _int(values, "--context-parallel-size", 1)
     if cp > 1 and seq % (2 * cp):
         raise MegatronArgsError(f"--seq-length: {seq} is not a multiple of 2 x --context-parallel-size = {2 * cp} "

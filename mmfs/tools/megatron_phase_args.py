@@ -16,6 +16,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from mmfs.config.blend import MAX_ARGS_FILE
+from mmfs.storage import StorageError
+from mmfs.storage.file import read_text_file
 from mmfs.tools.megatron_args import MegatronArgsError, expand_args, print_warnings, render, to_config
 
 NEXT_PHASE = "--next-phase"
@@ -85,12 +88,10 @@ def _phase_data(config: dict[str, Any], k: int) -> dict[str, Any]:
         words = list(config["data_path"])
     elif "data_args_path" in config:
         path = config["data_args_path"]
-        try:
-            with open(path, encoding="utf-8") as f:
-                words = f.read(1 << 24).split()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise MegatronArgsError(f"{path} (launch {k}'s --data-args-path): cannot read it: "
-                                    f"{exc.strerror if isinstance(exc, OSError) else exc}") from None
+        try:  # whole (it was cut at 16 MiB), and a FIFO or /dev/zero refused (it hung)
+            words = read_text_file(path, MAX_ARGS_FILE, "arguments file").split()
+        except StorageError as exc:
+            raise MegatronArgsError(f"{exc} (launch {k}'s --data-args-path)") from None
     else:
         raise MegatronArgsError(f"launch {k}: give --data-path or --data-args-path: phases change the train "
                                 "blend of one data path (per-split paths cannot be phased)")
@@ -151,6 +152,11 @@ def to_phased_config(argv: list[str], environ: dict | None = None) -> tuple[dict
         raise MegatronArgsError(f"{TRANSITIONS}: give --train-samples, not --train-iters: Megatron-LM ends the "
                                 "last phase at args.train_samples (None with --train-iters, and its phase "
                                 "code fails)")
+    last = transitions[-1] * training["global_batch_size"]
+    if last >= training["train_samples"]:
+        raise MegatronArgsError(f"{TRANSITIONS} {','.join(map(str, transitions))}: iteration {transitions[-1]:,} "
+                                f"starts at sample {last:,}, at or past --train-samples {training['train_samples']:,}"
+                                "; that phase would train on nothing: drop it or train longer")
     out = {**first, "phases": phases, "phase_mode": "restart"}
     for key in DATA_KEYS:
         out.pop(key, None)

@@ -298,15 +298,16 @@ def to_json(figs: dict[str, Any]) -> str:
 
 
 def report_command(args) -> int:
-    iterations = [int(i) for i in args.iterations.split(",")] if args.iterations else None
+    iterations = args.iterations or None  # (cli parses I,J,...)
     if args.json:
         figs = report(args.target, iterations, browser=iterations is not None)
         print(json.dumps(figs, default=_json_default, separators=(",", ":"), ensure_ascii=False))
         return 0
-    from mmfs.tools.report_page import write_page
+    from mmfs.tools.report_page import check_output, write_page
 
+    path = "report.html" if args.output is None else args.output
+    check_output(path)  # before the figures: a wrong -o is told at once
     figs = report(args.target, iterations)
-    path = args.output or "report.html"
     size = write_page(figs, path)
     print(f"{path}: {size:,} bytes; open it in a browser (no network or server needed)")
     shown = figs["warnings"][:PRINTED_WARNINGS]

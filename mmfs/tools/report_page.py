@@ -16,6 +16,7 @@ import html
 import json
 import os
 import re
+import stat
 from typing import Any
 
 from mmfs.errors import MmfsError
@@ -40,12 +41,50 @@ def _libraries():
     return alt, vl_convert
 
 
+class ReportOutputError(MmfsError):
+    """`mmfs report -o FILE` names a place a page cannot be written to."""
+
+
+def check_output(path: str) -> str:
+    """The file the page goes to (a symlink followed), refused in one line before the
+    figures are made when it cannot take a page: an existing directory or special file
+    (the page is written beside it and renamed over it, which would replace a device
+    such as /dev/null), or a folder that is missing or not writable."""
+    if not path:
+        raise ReportOutputError("mmfs report -o: an empty file name; give FILE.html")
+    target = os.path.realpath(path)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise ReportOutputError(f"{path}: cannot be looked at ({exc.strerror}); give -o another FILE.html") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise ReportOutputError(f"{path}: is a directory; give -o a file name, such as "
+                                f"{os.path.join(path, 'report.html')}")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise ReportOutputError(f"{path}: is not a regular file (a device, FIFO or socket); give -o FILE.html")
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise ReportOutputError(f"{path}: the folder {folder} does not exist; create it or give -o another path")
+    if not os.access(folder, os.W_OK):
+        raise ReportOutputError(f"{path}: the folder {folder} is not writable (read-only or no permission); "
+                                "give -o another path")
+    return target
+
+
 def write_page(figs: dict[str, Any], path: str) -> int:
+    target = check_output(path)
     data = page(figs).encode("utf-8")
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    tmp = f"{target}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except OSError as exc:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise ReportOutputError(f"{path}: cannot write the page ({exc.strerror}); give -o another path") from None
     return len(data)
 
 

@@ -39,7 +39,11 @@ from mmfs.megatron import open_corpus
 from mmfs.megatron.rankplan import plan_ranks, resumed_microbatch, stream_microbatch
 from mmfs.megatron.samplers import SamplerError
 from mmfs.mount.contract import MANIFEST, file_name, name_width, rank_dir, rank_name_width
+from mmfs.storage import StorageError
+from mmfs.storage.file import read_text_file
 from mmfs.text.tokenizer import BYTE_EOD, BYTE_LEVEL, HUGGING_FACE, TokenizerSpec
+
+MAX_MANIFEST = 256 << 20  # a mount's mmfs.json: a few MB for the scale benchmark's 1,000-dataset blend
 
 
 class WhichError(MmfsError):
@@ -50,12 +54,14 @@ def resolve_config(target: str) -> str:
     """The config behind a CONFIG or a MOUNT (its mmfs.json names the config)."""
     if os.path.isdir(target):
         info_path = os.path.join(target, MANIFEST)
-        try:
-            with open(info_path, encoding="utf-8") as f:
-                config_path = json.load(f).get("config_path")
-        except (OSError, ValueError) as exc:
+        try:  # a regular file of bounded size, read without blocking: a FIFO there hung every reader
+            info = json.loads(read_text_file(info_path, MAX_MANIFEST, "mmfs.json"))
+        except StorageError as exc:  # (names the file)
+            raise WhichError(f"{target}: not an mmfs mount or a config ({exc})") from None
+        except (ValueError, RecursionError) as exc:
             raise WhichError(f"{target}: not an mmfs mount or a config ({info_path}: {exc})") from None
-        if not config_path:
+        config_path = info.get("config_path") if isinstance(info, dict) else None
+        if not config_path or not isinstance(config_path, str):
             raise WhichError(f"{info_path}: has no config_path; give the YAML config instead")
         if not os.path.isfile(config_path):
             raise WhichError(f"{info_path}: its config_path {config_path} is not a file from here "
