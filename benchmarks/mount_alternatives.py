@@ -1,4 +1,5 @@
-"""The other ways to read a bucket as files, for benchmarks/object_storage.py:
+"""The other ways to read a bucket as files, for benchmarks/object_storage_node.py
+and object_storage.py:
 s3fs-fuse and rclone mount (Debian's `s3fs` and `rclone`), each given the same
 disk-cache budget as mmfs, and the readers that read ranks' micro-batches.
 
@@ -136,9 +137,3 @@ def read_ranks(rank_dirs: list[Path], n: int, seconds: float | None = None) -> d
         raise errors[0]
     return {"seconds": max(finished), "finished": finished, "served_bytes": sum(served), "files": sum(files)}
 
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (its threads included)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

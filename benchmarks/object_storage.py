@@ -22,12 +22,12 @@ sequence_length 4096; rank 0 of data_parallel_size 8, micro_batch_size 4.
   daemon's CPU seconds per GET and per 1,000 samples, its peak RSS, the cache
   folder's size. `--tree LABEL=PATH` mounts with the mmfs of another source tree
   too (an earlier commit's, with its compiled core), in turn, for ratios in one run.
-- s3fs-fuse and rclone mount (Debian's `s3fs`, `rclone`), each given the bucket
-  through the same proxy (rclone a VFS cache of `cache_limit`, full mode; s3fs no
-  disk cache, having no size bound for one), read the same way through an mmfs mount
-  of a local config whose dataset is the path in their mount: the requests, bytes and
-  CPU (theirs and the reading daemon's) of the same samples. (megatron-core reading
-  their mount would be the fairer reader; it needs torch.)
+- `--others`: s3fs-fuse and rclone mount (benchmarks/mount_alternatives.py, each
+  with a disk cache of `cache_limit`), given the bucket through the same proxy, read
+  the same way through an mmfs mount of a local config whose dataset is the path in
+  their mount: the requests, bytes and CPU (theirs and the reading daemon's) of the
+  same samples. benchmarks/object_storage_node.py sets them beside megatron-core's
+  reader and the ceilings for a whole node.
 - the ceiling: the very byte ranges mmfs fetched, fetched again by a plain boto3
   client with as many connections as mmfs's max_requests.
 - megatron-core 0.19.2: its GPTDataset over the same s3:// prefix (the .idx
@@ -47,9 +47,6 @@ import contextlib
 import functools
 import json
 import os
-import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -58,67 +55,26 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from s3_server import CREDENTIALS, FaultProxy, free_port  # noqa: E402
-
-BUCKET, KEY = "bench", "big"
-SEQ, DP, MBS = 4096, 8, 4
-
-
-def ensure_data(folder: Path, gib: float) -> Path:
-    """<folder>/<bucket>/big.bin and .idx: random uint16 tokens, documents of 200-8000."""
-    prefix = folder / BUCKET / KEY
-    if prefix.with_suffix(".idx").exists() and prefix.with_suffix(".bin").stat().st_size >= gib * (1 << 30):
-        return prefix
-    from mmfs.formats.writer import IndexedDatasetWriter
-
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    tokens = int(gib * (1 << 30)) // 2
-    with IndexedDatasetWriter(str(prefix.with_suffix(".bin")), dtype=np.uint16) as w:
-        done = 0
-        while done < tokens:
-            lengths = rng.integers(200, 8000, 1000)
-            block = rng.integers(0, 50000, int(lengths.sum()), dtype=np.uint16)
-            for piece in np.split(block, np.cumsum(lengths)[:-1]):
-                w.add_item(piece)
-                w.end_document()
-            done += block.size
-        w.finalize(str(prefix.with_suffix(".idx")))
-    return prefix
-
-
-@contextlib.contextmanager
-def localbucket(root: Path):
-    port = free_port()
-    # TCP_NODELAY: its headers and body go out in two writes, and Nagle's algorithm
-    # would hold the body for the client's delayed ACK (40 ms a request)
-    # and a listen backlog for bursts of new connections (5: a SYN dropped, resent after 1 s)
-    launch = ("import sys, http.server, localbucket; localbucket.S3Handler.disable_nagle_algorithm = True; "
-              "http.server.ThreadingHTTPServer.request_queue_size = 128; "
-              "sys.argv[0] = 'localbucket'; localbucket.main()")
-    proc = subprocess.Popen([sys.executable, "-c", launch, str(root), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            with contextlib.suppress(OSError):
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            time.sleep(0.05)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def s3_client(endpoint: str, connections: int = 10):
-    import boto3
-    import botocore.config
-
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, config=botocore.config.Config(
-        max_pool_connections=connections, s3={"addressing_style": "path"}))
+import mount_alternatives as alt  # noqa: E402
+from s3_bench_common import (  # noqa: E402
+    BUCKET,
+    DP,
+    KEY,
+    MBS,
+    ROOT,
+    SEQ,
+    cpu_seconds,
+    disk_bytes,
+    ensure_data,
+    localbucket,
+    mmfs_mount,
+    rss_peak,
+    s3_client,
+    write_config,
+)
+from s3_server import CREDENTIALS, FaultProxy  # noqa: E402
 
 
 def ranged_get_seconds(client, key: str, size: int, n: int = 40) -> float:
@@ -128,31 +84,6 @@ def ranged_get_seconds(client, key: str, size: int, n: int = 40) -> float:
     for offset in rng.integers(0, max(1, size - 8192), n):
         client.get_object(Bucket=BUCKET, Key=key, Range=f"bytes={offset}-{offset + 8191}")["Body"].read()
     return (time.perf_counter() - start) / n
-
-
-def rss_peak(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
-
-
-def disk_bytes(folder: Path) -> int:
-    return sum(os.stat(os.path.join(d, n)).st_blocks * 512 for d, _, ns in os.walk(folder) for n in ns)
-
-
-def mmfs_cli(*args: str, env: dict, tree: Path = ROOT) -> subprocess.CompletedProcess:
-    # run in the tree: `python -m` puts the working folder first on the path
-    done = subprocess.run([sys.executable, "-m", "mmfs.cli", *map(str, args)], capture_output=True,
-                          text=True, env=env, cwd=tree)
-    if done.returncode:
-        raise SystemExit(f"mmfs {args[0]} failed: {done.stderr.strip()}")
-    return done
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (every thread)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, cache_limit: int = 0,
@@ -165,27 +96,14 @@ def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, c
     work = work / f"mmfs-{label}-{ranks}"
     work.mkdir(parents=True, exist_ok=True)
     env = {**env, "PYTHONPATH": str(tree) + os.pathsep + env.get("PYTHONPATH", "")}
-    config = work / "s3.yaml"
     cache = work / "storage"
     storage = {"endpoint_url": proxy.url, "cache_dir": str(cache)}
     if cache_limit:
         storage["cache_limit"] = cache_limit
         storage["prefetch"] = min(64 << 20, cache_limit // 2)
-    config.write_text(json.dumps({
-        "datasets": [{"path": dataset}], "split": "100,0,0", "sequence_length": SEQ,
-        "tokenizer": {"eod": 0, "pad": None}, "cache_dir": str(work / "indices"),
-        "training": {"data_parallel_size": DP, "micro_batch_size": MBS},
-        "storage": storage}))
-    t0 = time.perf_counter()
-    mmfs_cli("build", config, env=env, tree=tree)
-    built = time.perf_counter() - t0
+    config = write_config(work / "s3.yaml", dataset, work / "indices", storage)
     mnt = work / "mnt"
-    mnt.mkdir(exist_ok=True)
-    t0 = time.perf_counter()
-    out = mmfs_cli("mount", config, mnt, "--log", work / "mount.log", env=env, tree=tree).stdout
-    mounted = time.perf_counter() - t0
-    pid = int(re.search(r"daemon pid (\d+)", out).group(1))
-    try:
+    with mmfs_mount(config, mnt, env, tree) as (pid, built, mounted):
         proxy.ranges, proxy.ranged_gets, proxy.ranged_bytes, proxy.gets, proxy.get_bytes = [], 0, 0, 0, 0
         connections = proxy.connections
         firsts: dict[int, bytes] = {}
@@ -226,51 +144,16 @@ def run_mmfs(work: Path, proxy: FaultProxy, n: int, env: dict, ranks: int = 1, c
         result["ranges"] = list(proxy.ranges)
         proxy.ranges = None
         return result
-    finally:
-        subprocess.run(["fusermount", "-u", str(mnt)], check=False)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
 
 
 @contextlib.contextmanager
 def other_mount(kind: str, proxy: FaultProxy, work: Path, cache_limit: int):
-    """The bucket mounted by s3fs-fuse or rclone (Debian's), through the proxy: (mount
-    point, its process). rclone gets `cache_limit` as its VFS cache (full mode); s3fs
-    has no size bound for its disk cache, so it runs without one (ranged reads). The
-    mmfs mount that reads through it is local (no range cache): the bytes are theirs."""
-    mnt = work / f"{kind}-mnt"
-    mnt.mkdir(parents=True, exist_ok=True)
-    # (rclone's S3 backend cannot load AWS_CA_BUNDLE with its transport, and no TLS is used here)
-    env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
-    if kind == "s3fs":
-        secret = work / "s3fs.passwd"
-        secret.write_text(f"{CREDENTIALS['AWS_ACCESS_KEY_ID']}:{CREDENTIALS['AWS_SECRET_ACCESS_KEY']}\n")
-        secret.chmod(0o600)
-        argv = ["s3fs", BUCKET, str(mnt), "-f", "-o", f"url={proxy.url}", "-o", "use_path_request_style",
-                "-o", f"passwd_file={secret}", "-o", "endpoint=us-east-1", "-o", "ro"]
-    else:
-        env.update({"RCLONE_CONFIG_BENCH_TYPE": "s3", "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
-                    "RCLONE_CONFIG_BENCH_ENDPOINT": proxy.url, "RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE": "true",
-                    "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                    "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": CREDENTIALS["AWS_SECRET_ACCESS_KEY"]})
-        argv = ["rclone", "mount", f"bench:{BUCKET}", str(mnt), "--read-only", "--vfs-cache-mode", "full",
-                "--vfs-cache-max-size", str(cache_limit), "--cache-dir", str(work / f"{kind}-cache")]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(300):
-            if (mnt / f"{KEY}.idx").exists():
-                break
-            if proc.poll() is not None:
-                raise RuntimeError(f"{kind} exited with {proc.returncode}")
-            time.sleep(0.1)
-        else:
-            raise RuntimeError(f"{kind} did not mount")
-        yield mnt, proc.pid, work / f"{kind}-cache"
-    finally:  # lazily: the reading mount's daemon may still hold a file open
-        subprocess.run(["fusermount", "-u", "-z", str(mnt)], check=False, capture_output=True)
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
+    """The bucket mounted by s3fs-fuse or rclone (benchmarks/mount_alternatives.py),
+    through the proxy, each with a disk cache of `cache_limit` bytes: (mount point,
+    its process, its cache folder)."""
+    mount = {"s3fs": alt.s3fs_mount, "rclone": alt.rclone_mount}[kind]
+    with mount(proxy.url, BUCKET, work / "bucket", work, cache_limit, CREDENTIALS) as proc:
+        yield work / "bucket", proc.pid, work / f"{kind}-cache"
 
 
 def print_mmfs(name: str, m: dict) -> None:

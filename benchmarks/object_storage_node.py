@@ -40,12 +40,9 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import http.client
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -55,9 +52,25 @@ from pathlib import Path
 import mount_alternatives as alt
 import numpy as np
 import object_storage as store
+from s3_bench_common import (
+    BUCKET,
+    DP,
+    KEY,
+    MBS,
+    ROOT,
+    SEQ,
+    cpu_seconds,
+    disk_bytes,
+    ensure_data,
+    localbucket,
+    mmfs_mount,
+    rss_peak,
+    s3_client,
+    tree_cpu_seconds,
+    write_config,
+)
 from s3_server import CREDENTIALS, FaultProxy
 
-BUCKET, KEY, SEQ, DP, MBS = store.BUCKET, store.KEY, store.SEQ, store.DP, store.MBS
 MAX_REQUESTS = 16  # mmfs's default; the ceilings use as many threads
 
 # Targets of issue 26, as ratios in one run.
@@ -202,54 +215,6 @@ def serve_proxy(server_port: int, delay: float) -> None:
     asyncio.run(main())
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of a process and every process below it (a daemon's helpers too)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                with open(f"/proc/{entry}/stat") as f:
-                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        with contextlib.suppress(OSError):
-            total += alt.cpu_seconds(p)
-        todo += children.get(p, [])
-    return total
-
-
-def write_config(path: Path, dataset: str, indices: Path, storage: dict | None = None) -> Path:
-    config = {"datasets": [{"path": dataset}], "split": "100,0,0", "sequence_length": SEQ,
-              "tokenizer": {"eod": 0, "pad": None}, "cache_dir": str(indices),
-              "training": {"data_parallel_size": DP, "micro_batch_size": MBS}}
-    if storage:
-        config["storage"] = storage
-    path.write_text(json.dumps(config))
-    return path
-
-
-@contextlib.contextmanager
-def mmfs_mount(config: Path, mnt: Path, env: dict):
-    """Build and mount; yields (daemon pid, seconds to mount)."""
-    store.mmfs_cli("build", config, env=env)
-    mnt.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    out = store.mmfs_cli("mount", config, mnt, "--log", mnt.parent / f"{mnt.name}.log", env=env).stdout
-    mounted = time.perf_counter() - t0
-    pid = int(re.search(r"daemon pid (\d+)", out).group(1))
-    try:
-        yield pid, mounted
-    finally:
-        subprocess.run(["fusermount", "-u", str(mnt)], check=False, capture_output=True)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        for _ in range(200):  # gone, so the folder it read (s3fs's, rclone's) can be unmounted
-            if not os.path.exists(f"/proc/{pid}"):
-                break
-            time.sleep(0.05)
-
-
 def rank_dirs(mnt: Path, ranks: int) -> list[Path]:
     return [mnt / "train" / "ranks" / f"{r:03d}" for r in range(ranks)]
 
@@ -272,15 +237,15 @@ def run_mmfs(work: Path, proxy: LeanProxy, env: dict, ranks: int, n: int, budget
     config = write_config(work / "s3.yaml", f"s3://{BUCKET}/{KEY}", work / "indices",
                           {"endpoint_url": proxy.url, "cache_dir": str(work / "storage"), "cache_limit": budget,
                            "prefetch": min(64 << 20, budget // 2)})  # the default, or all a small budget allows
-    with mmfs_mount(config, work / "mnt", env) as (pid, mounted):
+    with mmfs_mount(config, work / "mnt", env) as (pid, _, mounted):
         proxy.ranges = []
         counts, cpu0 = Counts(proxy), tree_cpu_seconds(pid)
         read = alt.read_ranks(rank_dirs(work / "mnt", ranks), n)
         time.sleep(1)  # the prefetcher's requests in flight land in the counts
         cpu = tree_cpu_seconds(pid) - cpu0
         result = reading(read, ranks, counts.now())
-        result.update(mount_s=mounted, cpu_s=cpu, rss_peak=store.rss_peak(pid),
-                      cache_bytes=store.disk_bytes(work / "storage"), ranges=proxy.ranges,
+        result.update(mount_s=mounted, cpu_s=cpu, rss_peak=rss_peak(pid),
+                      cache_bytes=disk_bytes(work / "storage"), ranges=proxy.ranges,
                       firsts=first_files(work / "mnt", ranks))
         proxy.ranges = None
     result["cpu_per_1000_samples"] = 1000 * result["cpu_s"] / result["samples"]
@@ -297,10 +262,10 @@ def run_mounted(kind: str, work: Path, proxy: LeanProxy, env: dict, n: int, budg
     with mount(proxy.url, BUCKET, work / "bucket", work, budget, CREDENTIALS) as proc:
         mounted = time.perf_counter() - t0
         config = write_config(work / "local.yaml", str(work / "bucket" / KEY), work / "indices")
-        with mmfs_mount(config, work / "mnt", env) as (pid, _):
-            counts, cpu0 = Counts(proxy), alt.cpu_seconds(proc.pid)
+        with mmfs_mount(config, work / "mnt", env) as (pid, _, _):
+            counts, cpu0 = Counts(proxy), cpu_seconds(proc.pid)
             read = alt.read_ranks(rank_dirs(work / "mnt", DP), n, seconds)
-            cpu = alt.cpu_seconds(proc.pid) - cpu0
+            cpu = cpu_seconds(proc.pid) - cpu0
             result = reading(read, DP, counts.now())
             result.update(mount_s=mounted, cpu_s=cpu, firsts=first_files(work / "mnt", DP))
     result["cpu_per_1000_samples"] = 1000 * cpu / result["samples"]
@@ -380,7 +345,7 @@ def megatron_rank(args: argparse.Namespace) -> None:
     from megatron.core.datasets import gpt_dataset
     from megatron.core.datasets.object_storage_utils import ObjectStorageConfig
 
-    sys.path.insert(0, str(store.ROOT / "tests" / "reference"))
+    sys.path.insert(0, str(ROOT / "tests" / "reference"))
     from megatron_modules import load_data_samplers
 
     from mmfs.megatron import open_corpus
@@ -531,23 +496,23 @@ def main(argv: list[str] | None = None) -> int:
             print("megatron-core: torch or megatron-core not in this Python, skipped")
             skip.add("megatron")
     root = Path(args.data)
-    store.ensure_data(root, args.gib)
+    ensure_data(root, args.gib)
     bin_size = (root / BUCKET / f"{KEY}.bin").stat().st_size
     if bin_size < 4 * args.budget:
         print(f"note: the dataset is {bin_size / args.budget:.1f}x the budget (the issue asks at least 4x)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(CREDENTIALS)
-    env["PYTHONPATH"] = str(store.ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     os.environ.update(CREDENTIALS)
     print(f"dataset s3://{BUCKET}/{KEY}: {bin_size / (1 << 30):.2f} GiB uint16, sequence length {SEQ}, dp {DP}, "
           f"mbs {MBS}; disk-cache budget {args.budget / (1 << 20):.0f} MiB ({bin_size / args.budget:.1f}x under "
           f"the dataset); {args.delay * 1000:.0f} ms added per request; {args.rounds} round(s)", flush=True)
     best: dict[str, dict] = {}
     ceilings: list[dict] = []
-    with store.localbucket(root) as port, tempfile.TemporaryDirectory(prefix="mmfs-node-bench-") as tmp:
+    with localbucket(root) as port, tempfile.TemporaryDirectory(prefix="mmfs-node-bench-") as tmp:
         proxy = LeanProxy(port, args.delay)
         env["AWS_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL"] = proxy.url
-        store.s3_client(proxy.url).head_object(Bucket=BUCKET, Key=f"{KEY}.bin")  # localbucket hashes it once
+        s3_client(proxy.url).head_object(Bucket=BUCKET, Key=f"{KEY}.bin")  # localbucket hashes it once
 
         def keep(name: str, r: dict) -> None:
             show(name, r)

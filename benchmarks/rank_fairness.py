@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from object_storage import BUCKET, DP, KEY, MBS, SEQ, ensure_data, localbucket, mmfs_cli  # noqa: E402
+from s3_bench_common import BUCKET, DP, KEY, MBS, SEQ, ensure_data, localbucket, mmfs_cli  # noqa: E402
 from s3_server import CREDENTIALS, FaultProxy  # noqa: E402
 
 

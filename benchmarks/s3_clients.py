@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from object_storage import localbucket  # noqa: E402
+from s3_bench_common import localbucket  # noqa: E402
 from s3_server import CREDENTIALS, MotoServer  # noqa: E402
 
 BUCKET, KEY, SIZE = "clients", "object.bin", 4 << 20
