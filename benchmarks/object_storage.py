@@ -69,6 +69,7 @@ from s3_bench_common import (  # noqa: E402
     disk_bytes,
     ensure_data,
     localbucket,
+    mmfs_env,
     mmfs_mount,
     rss_peak,
     s3_client,
@@ -253,10 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     bin_size = (root / BUCKET / f"{KEY}.bin").stat().st_size
     small = root / BUCKET / "small"
     small.write_bytes(os.urandom(16384))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(CREDENTIALS)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    os.environ.update(CREDENTIALS)
+    env = mmfs_env()
     print(f"dataset: s3://{BUCKET}/{KEY} ({bin_size / (1 << 30):.2f} GiB uint16), S {SEQ}, "
           f"rank 0 of {DP}, micro_batch_size {MBS}; {args.delay * 1000:.0f} ms per request added")
     with localbucket(root) as port, tempfile.TemporaryDirectory(prefix="mmfs-s3-bench-") as tmp:

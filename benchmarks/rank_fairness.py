@@ -31,18 +31,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from s3_bench_common import BUCKET, DP, KEY, MBS, SEQ, ensure_data, localbucket, mmfs_cli  # noqa: E402
+from s3_bench_common import BUCKET, DP, KEY, MBS, ensure_data, localbucket, mmfs_cli, write_config  # noqa: E402
 from s3_server import CREDENTIALS, FaultProxy  # noqa: E402
 
 
 def one_round(work: Path, proxy: FaultProxy, n: int, max_requests: int, env: dict) -> dict:
-    config = work / "s3.yaml"
-    config.write_text(json.dumps({
-        "datasets": [{"path": f"s3://{BUCKET}/{KEY}"}], "split": "100,0,0", "sequence_length": SEQ,
-        "tokenizer": {"eod": 0, "pad": None}, "cache_dir": str(work / "indices"),
-        "training": {"data_parallel_size": DP, "micro_batch_size": MBS},
-        "storage": {"endpoint_url": proxy.url, "cache_dir": str(work / "storage"),
-                    "max_requests": max_requests}}))
+    config = write_config(work / "s3.yaml", f"s3://{BUCKET}/{KEY}", work / "indices",
+                          {"endpoint_url": proxy.url, "cache_dir": str(work / "storage"),
+                           "max_requests": max_requests})
     mmfs_cli("build", config, env=env)
     mnt = work / "mnt"
     mnt.mkdir(exist_ok=True)

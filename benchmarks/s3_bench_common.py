@@ -22,7 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from s3_server import free_port  # noqa: E402
+from s3_server import CREDENTIALS, free_port  # noqa: E402
 
 BUCKET, KEY = "bench", "big"
 SEQ, DP, MBS = 4096, 8, 4
@@ -91,6 +91,16 @@ def write_config(path: Path, dataset: str, indices: Path, storage: dict | None =
         config["storage"] = storage
     path.write_text(json.dumps(config))
     return path
+
+
+def mmfs_env() -> dict:
+    """The environment of mmfs's processes: the bucket's credentials instead of any AWS_*
+    of this shell (this process's boto3 clients get them too), this tree on the path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(CREDENTIALS)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    os.environ.update(CREDENTIALS)
+    return env
 
 
 def mmfs_cli(*args: str, env: dict, tree: Path = ROOT) -> subprocess.CompletedProcess:
