@@ -241,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="LABEL=PATH: also mount with the mmfs of another source tree (an earlier commit's)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each mount, the trees taking turns")
     parser.add_argument("--skip-megatron", action="store_true")
-    parser.add_argument("--others", default="s3fs,rclone", help="other FUSE mounts of the bucket to read through")
+    parser.add_argument("--others", default="s3fs,rclone",
+                        help="other FUSE mounts of the bucket to read through (benchmarks/mount_alternatives.py, "
+                        "each with a disk cache of cache_limit; s3fs starts only with 64 MiB or more)")
     parser.add_argument("--replay", help=argparse.SUPPRESS)  # the ceiling's own process
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
