@@ -115,7 +115,7 @@ def test_a_body_trickled_a_byte_a_second_fails_within_the_bound_in_one_line(tmp_
 def test_storms_cost_one_attempt_per_failure_and_no_wrong_byte(tmp_path, proxy, fault):  # noqa: F811 - the fixture
     local, s3 = write_configs("p1_single_u16", tmp_path, proxy.url, prefetch=0, retries=3)
     with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
-        names = sorted(os.listdir(samples(a)))[::5][:40]
+        names = sorted(os.listdir(samples(a)))[::5][:20]
         proxy.ranges = []
         before = proxy.ranged_gets
         proxy.inject(fault, count=10_000, period=2)  # every other attempt fails: never 4 in a row
