@@ -264,6 +264,17 @@ class FaultProxy:
 STREAM_FROM = 1 << 20  # bytes of a body the proxy holds whole before passing it on
 
 
+def use_test_credentials(monkeypatch) -> None:
+    """This process talks to the test server only: its credentials, no profile,
+    endpoint, session token, MSC config or AWS config files of the machine's."""
+    for k, v in CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "MSC_CONFIG"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+
+
 def environment(extra: dict | None = None) -> dict:
     """The environment of an mmfs process talking to the test server."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}

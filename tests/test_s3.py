@@ -22,7 +22,7 @@ import yaml
 pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
-from s3_server import CREDENTIALS, FaultProxy, MotoServer  # noqa: E402
+from s3_server import CREDENTIALS, FaultProxy, MotoServer, use_test_credentials  # noqa: E402
 
 from golden_cases import GOLDEN, PUBLIC, case_config, case_names, load_case  # noqa: E402
 from mount_fixtures import mmfs, mounted  # noqa: E402
@@ -43,12 +43,7 @@ def server():
 
 @pytest.fixture
 def proxy(server, monkeypatch):
-    for k, v in CREDENTIALS.items():
-        monkeypatch.setenv(k, v)
-    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    use_test_credentials(monkeypatch)
     p = FaultProxy(server.port)
     yield p
     p.close()

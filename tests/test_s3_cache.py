@@ -253,7 +253,7 @@ def test_the_prefetcher_queues_a_rank_that_fell_behind_first(tmp_path):
 pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
-from s3_server import CREDENTIALS, FaultProxy, MotoServer  # noqa: E402
+from s3_server import FaultProxy, MotoServer, use_test_credentials  # noqa: E402
 
 from mount_fixtures import mounted  # noqa: E402
 
@@ -282,12 +282,7 @@ def dataset(tmp_path_factory):
 
 @pytest.fixture
 def proxy(dataset, monkeypatch):
-    for k, v in CREDENTIALS.items():
-        monkeypatch.setenv(k, v)
-    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    use_test_credentials(monkeypatch)
     p = FaultProxy(dataset[0].port)
     yield p
     p.close()
