@@ -26,7 +26,13 @@ import time
 import numpy as np
 
 from mmfs.formats.writer import write_index
-from mmfs.megatron.gpt import GptParams, build_document_index, build_gpt_indices, build_sample_index, plan_epochs
+from mmfs.megatron.indices.gpt import (
+    GptParams,
+    build_document_index,
+    build_gpt_indices,
+    build_sample_index,
+    plan_epochs,
+)
 
 SEQ_LEN = 4096
 SEED = 1234

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                         raise SystemExit(f"micro-batch {i}: {k} differs between megatron-core and mmfs")
 
         if args.sample_files:
-            from mmfs.megatron.rankplan import microbatch_ids, plan_ranks
+            from mmfs.megatron.sampling.rankplan import microbatch_ids, plan_ranks
 
             plan = plan_ranks(m.samples[args.split], mbs, dp)
             batches = (m.megatron_batch(args.split, microbatch_ids(plan, args.rank, j).tolist(), **flags)

@@ -17,7 +17,7 @@ import time
 
 from mmfs.config.schema import load_config
 from mmfs.megatron import open_corpus
-from mmfs.megatron.rankplan import plan_ranks
+from mmfs.megatron.sampling.rankplan import plan_ranks
 
 KINDS = {"single": ("single", True), "cyclic sharded": ("cyclic", True), "cyclic unsharded": ("cyclic", False)}
 

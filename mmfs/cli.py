@@ -37,7 +37,7 @@ COMMANDS = {
     "phases": "mmfs.tools.phases:phases_command",
     "config": "mmfs.tools.megatron_phase_args:config_command",  # one launch, or one per phase
     "preprocess": "mmfs.tools.preprocess.command:preprocess_command",
-    "report": "mmfs.tools.report:report_command",
+    "report": "mmfs.tools.report.command:report_command",
 }
 
 

@@ -136,7 +136,7 @@ typedef struct {
     mmfs_array bounds;
 } mmfs_documents;
 
-/* A plan of micro-batch files of one split (mmfs/megatron/rankplan.py,
+/* A plan of micro-batch files of one split (mmfs/megatron/sampling/rankplan.py,
  * RankPlan): file j of data-parallel rank r holds the samples, for m in 0..mbs-1,
  *   single:    start + j*mbs*dp + r*mbs + m
  *   sharded:   r*bucket_size + permutation[start + j*mbs + m]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from mmfs.megatron.phasefacts import served_before
-from mmfs.megatron.phases import PhaseSlice
+from mmfs.megatron.phases.facts import served_before
+from mmfs.megatron.phases.plan import PhaseSlice
 
 DATA = Path(__file__).resolve().parent / "golden" / "data"
 TRAINING = {"data_parallel_size": 2, "micro_batch_size": 2, "global_batch_size": 8, "train_iters": 30,

@@ -1,12 +1,12 @@
 """What only the sampler tests use: torch's large-n randperm at any n (and
 training_stream, Megatron's training loop over the sampler port, re-exported from
-mmfs.megatron.samplers, where mmfs.adapters.torch uses it)."""
+mmfs.megatron.sampling.samplers, where mmfs.adapters.torch uses it)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from mmfs.megatron.samplers import training_stream  # noqa: F401 - re-exported
+from mmfs.megatron.sampling.samplers import training_stream  # noqa: F401 - re-exported
 from mmfs.native import ffi, lib
 
 

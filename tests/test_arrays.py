@@ -122,7 +122,7 @@ def test_pread_block_cache_never_serves_another_files_blocks(tmp_path):
 
 def test_load_copies_cached_arrays_and_names_a_file_that_shrank(tmp_path):
     from mmfs.errors import FormatError
-    from mmfs.megatron.npyfile import read_npy_header
+    from mmfs.megatron.cache.npyfile import read_npy_header
 
     for name in ("kept", "shrinks"):
         np.save(tmp_path / f"{name}.npy", np.arange(3000, dtype=np.int64))

@@ -18,8 +18,9 @@ from test_hostile_config import BASE, assert_one_line_error, run_cli, write
 
 from golden_cases import GOLDEN, case_names, write_case_config
 from mmfs.errors import ConfigError
-from mmfs.megatron import gpt, open_corpus
-from mmfs.megatron.blend import build_blending_indices, build_exhaustive_blending_indices
+from mmfs.megatron import open_corpus
+from mmfs.megatron.indices import gpt
+from mmfs.megatron.indices.blend import build_blending_indices, build_exhaustive_blending_indices
 
 HEADER = 34
 

@@ -18,9 +18,10 @@ from tiny_blends import write_tiny_blend
 
 from golden_cases import BLEND_CONFIG, GOLDEN
 from mmfs.errors import CacheError
-from mmfs.megatron import cachelock, open_corpus
-from mmfs.megatron.blend import build_blending_indices
-from mmfs.megatron.cachewrite import TEMP_PREFIX, clean_stale_temporaries, write_problem
+from mmfs.megatron import open_corpus
+from mmfs.megatron.cache import locks as cachelock
+from mmfs.megatron.cache.write import TEMP_PREFIX, clean_stale_temporaries, write_problem
+from mmfs.megatron.indices.blend import build_blending_indices
 
 CONFIG = BLEND_CONFIG
 
@@ -66,7 +67,7 @@ def test_concurrent_builders_build_each_index_exactly_once(tmp_path):
 
 HOLD = """
 import sys, time
-from mmfs.megatron.cachelock import try_lock
+from mmfs.megatron.cache.locks import try_lock
 assert try_lock(sys.argv[1]) is not None
 print("held", flush=True)
 time.sleep(600)
@@ -193,7 +194,7 @@ REOPEN = """
 import json, os, sys
 from mmfs.config.schema import load_config
 from mmfs.formats import open_dataset
-from mmfs.megatron.builder import Builder
+from mmfs.megatron.build.builder import Builder
 
 def rchar():
     for line in open("/proc/self/io"):
@@ -265,7 +266,7 @@ def test_blocked_blending_index_picks_what_the_full_scan_picks(kind):
 
 
 def test_a_large_blend_is_built_under_claims_of_several_indices(tmp_path, monkeypatch):
-    from mmfs.megatron import builder
+    from mmfs.megatron.build import builder
 
     config = write_tiny_blend(tmp_path, 70)  # 140 GPTDatasets and 2 blends: claims of 2
     taken = []
@@ -299,7 +300,8 @@ def test_concurrent_builders_of_a_large_blend_build_each_index_once(tmp_path):
 
 DIE_AFTER_ONE_INDEX = """
 import os, signal, sys
-from mmfs.megatron import cache, open_corpus
+from mmfs.megatron import open_corpus
+from mmfs.megatron.cache import index_cache as cache
 real = cache.IndexCache.stage
 def stage(self, arrays, batch):
     out = real(self, arrays, batch)

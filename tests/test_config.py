@@ -117,7 +117,7 @@ def test_impossible_configs(tmp_path, what, config, key, fragment):
 def test_blend_that_overdraws_a_dataset_is_an_error(tmp_path, monkeypatch):
     """A blend drawing more samples from a dataset than it holds is refused (Megatron would
     index past its end). Megatron's sizes make this rare, so force such an index."""
-    import mmfs.megatron.builder as builder
+    import mmfs.megatron.build.builder as builder
 
     def greedy_for_the_first(weights, size):
         return {"dataset_index": np.zeros(size, dtype=np.int16),

@@ -7,9 +7,9 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmfs.megatron.blend import blend_description
-from mmfs.megatron.builder import _Descriptions
-from mmfs.megatron.gpt import GptParams
+from mmfs.megatron.build.builder import _Descriptions
+from mmfs.megatron.indices.blend import blend_description
+from mmfs.megatron.indices.gpt import GptParams
 
 paths = st.text(min_size=1, max_size=30)
 samples = st.one_of(st.none(), st.integers(0, 2**40))

@@ -12,7 +12,7 @@ import yaml
 from tiny_blends import write_tiny_blend
 
 from mmfs.megatron import open_corpus
-from mmfs.megatron.headerfile import HEADERS_FROM
+from mmfs.megatron.cache.headerfile import HEADERS_FROM
 
 DATASETS = 8  # x 2 splits, and 2 blends: above HEADERS_FROM indices in one folder
 

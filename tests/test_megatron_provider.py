@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from mmfs.loader import LoaderError, Mount
-from mmfs.megatron.rankplan import plan_stream, rank_ids
+from mmfs.megatron.sampling.rankplan import plan_stream, rank_ids
 from mount_fixtures import mounted
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "megatron_phases.py"

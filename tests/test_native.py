@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from mmfs.errors import NativeError
 from mmfs.formats.base import ArraySpec
-from mmfs.megatron.blend import build_blending_indices, build_exhaustive_blending_indices
-from mmfs.megatron.gpt import GptParams, build_document_index, build_sample_index, plan_epochs
+from mmfs.megatron.indices.blend import build_blending_indices, build_exhaustive_blending_indices
+from mmfs.megatron.indices.gpt import GptParams, build_document_index, build_sample_index, plan_epochs
 from mmfs.native import ffi, lib, pointer
 from mmfs.storage.memory import MemorySource
 

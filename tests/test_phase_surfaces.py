@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from mmfs.megatron.corpus import open_corpus
-from mmfs.megatron.rankplan import microbatch_ids, plan_ranks, plan_stream, rank_ids
+from mmfs.megatron.sampling.rankplan import microbatch_ids, plan_ranks, plan_stream, rank_ids
 from mmfs.mount.contract import XATTR_PHASE
 from mmfs.tools.which import which
 from mount_fixtures import mmfs, mounted

@@ -23,7 +23,7 @@ from phase_helpers import (
 )
 
 from mmfs.megatron.corpus import open_corpus
-from mmfs.megatron.phases import PhaseSlice, continue_blend, megatron_weights, wrap
+from mmfs.megatron.phases.plan import PhaseSlice, continue_blend, megatron_weights, wrap
 from mmfs.mount.contract import XATTR_DATASET, XATTR_PHASE, XATTR_SAMPLES
 
 # -- continue ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ from phase_helpers import (
 
 from mmfs.errors import ConfigError
 from mmfs.megatron.corpus import open_corpus
-from mmfs.megatron.phases import megatron_weights
+from mmfs.megatron.phases.plan import megatron_weights
 
 # -- mistakes ---------------------------------------------------------------------
 

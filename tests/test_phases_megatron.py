@@ -17,7 +17,7 @@ from phase_helpers import (
 )
 
 from mmfs.megatron.corpus import open_corpus
-from mmfs.megatron.phasefacts import describe_phases
+from mmfs.megatron.phases.facts import describe_phases
 
 # -- against megatron-core 0.19.2 (tests/reference/record_phases.py) -------------------
 

@@ -13,8 +13,8 @@ from golden_cases import PUBLIC, case_names, load_case, write_case_config
 from mmfs.cli import main
 from mmfs.config.schema import load_config
 from mmfs.formats.writer import IndexedDatasetWriter
-from mmfs.megatron.rankplan import microbatch_ids, plan_ranks, stream_order
-from mmfs.tools.report import report
+from mmfs.megatron.sampling.rankplan import microbatch_ids, plan_ranks, stream_order
+from mmfs.tools.report.command import report
 
 
 def _golden(case: str, split: str, name: str) -> np.ndarray:
@@ -175,7 +175,7 @@ def test_warnings_of_a_symlink_a_tiny_weight_and_a_starved_split(tmp_path):
 
 
 def test_rank_spread_by_chunks_is_the_full_spread(monkeypatch):
-    import mmfs.tools.report as r
+    import mmfs.tools.report.command as r
 
     rng = np.random.RandomState(0)
     plan = plan_ranks(600, 2, 5, "single")

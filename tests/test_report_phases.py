@@ -16,7 +16,7 @@ import yaml
 from mmfs.megatron import open_corpus
 from mmfs.mount.manifest import manifest
 from mmfs.tools.phases import phases_report
-from mmfs.tools.report import figures
+from mmfs.tools.report.command import figures
 
 DATA = Path(__file__).resolve().parent / "golden" / "data"
 NAMES = ["u16_docs", "u16_multiseq", "u16_small", "i32_docs"]  # in order of first use
@@ -149,7 +149,7 @@ def test_bands_and_warnings(run):
 
 
 def test_a_long_run_leaves_samples_served_again_uncounted(tmp_path, monkeypatch):
-    from mmfs.tools import report_phases
+    from mmfs.tools.report import phases as report_phases
 
     monkeypatch.setattr(report_phases, "SERVED_COUNTED_UP_TO", 239)  # the run has 240 train samples
     figs = figures(open_corpus(write(tmp_path, "restart"), progress=False), browser=False)

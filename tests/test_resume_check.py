@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from golden_cases import write_case_config
-from mmfs.megatron.resume import Sampling, check_resume
-from mmfs.megatron.samplers import SamplerError
+from mmfs.megatron.sampling.resume import Sampling, check_resume
+from mmfs.megatron.sampling.samplers import SamplerError
 from mount_fixtures import mmfs
 
 RECORDED = json.loads((Path(__file__).parent / "reference" / "megatron_streams.json").read_text())["cases"]

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from golden_cases import PUBLIC, case_names, load_case
 from mmfs.config.schema import TrainingConfig
-from mmfs.megatron.randperm import mt19937_raw, randperm
-from mmfs.megatron.rankplan import microbatch_ids, plan_ranks, rank_ids, stream_microbatch
-from mmfs.megatron.samplers import SamplerError, single_sampler
+from mmfs.megatron.sampling.randperm import mt19937_raw, randperm
+from mmfs.megatron.sampling.rankplan import microbatch_ids, plan_ranks, rank_ids, stream_microbatch
+from mmfs.megatron.sampling.samplers import SamplerError, single_sampler
 from mmfs.mount.manifest import describe_training
 from mmfs.native import lib
 from sampler_helpers import randperm_inside_out, training_stream

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from golden_cases import write_case_config
-from mmfs.megatron.rankplan import microbatch_ids, plan_stream, rank_ids
-from mmfs.megatron.samplers import SamplerError
+from mmfs.megatron.sampling.rankplan import microbatch_ids, plan_stream, rank_ids
+from mmfs.megatron.sampling.samplers import SamplerError
 from mmfs.mount.streams import parse_layout
 from mount_fixtures import mounted
 

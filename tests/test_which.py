@@ -186,7 +186,7 @@ def test_which_consumed_is_a_job_resumed_there_also_past_64_bits(tmp_path):
     """--consumed C: Megatron's sampler rebuilt at C (an unsharded cyclic run's ranks
     drift apart after the first epoch, so there it is not the uninterrupted run's
     iteration); any C whose epoch torch's manual_seed takes, answered at once."""
-    from mmfs.megatron.rankplan import plan_stream, rank_ids
+    from mmfs.megatron.sampling.rankplan import plan_stream, rank_ids
 
     for sharding in (False, True):
         config = _config(tmp_path / str(sharding), "p1_single_u16", {

@@ -15,7 +15,7 @@ The micro-batches are the files of the mount's stream folder for that layout and
 consumed_samples (`<split>/streams/dp=D,mbs=M,from=C/RRR/`, docs/streams.md; for
 `cyclic`, one folder an epoch), so any layout
 and any consumed_samples Megatron would accept work; Megatron's sampler (the
-exact port in mmfs.megatron.samplers) is run here only to refuse, with its own
+exact port in mmfs.megatron.sampling.samplers) is run here only to refuse, with its own
 words, a consumed_samples it would refuse.
 
 With DataLoader workers, worker w of W reads micro-batches w, w + W, ...; the
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from mmfs.loader import LoaderError, Mount
-from mmfs.megatron.samplers import SamplerError, training_stream
+from mmfs.megatron.sampling.samplers import SamplerError, training_stream
 
 
 class RankStream(torch.utils.data.IterableDataset):

@@ -26,7 +26,7 @@ import numpy as np
 
 from mmfs.errors import FormatError, MmfsError
 from mmfs.formats.dtypes import native_code
-from mmfs.megatron.npyfile import HEAD, CachedArray
+from mmfs.megatron.cache.npyfile import HEAD, CachedArray
 from mmfs.native import ffi, lib, note_fetch_failure
 from mmfs.storage.file import FileSource, read_fd_into
 from mmfs.storage.memory import MemorySource

@@ -16,9 +16,9 @@ from mmfs.config.schema import Config, load_config
 from mmfs.errors import ConfigError, MmfsError
 from mmfs.formats import open_dataset
 from mmfs.megatron.arrays import ArrayPlacer
-from mmfs.megatron.builder import SplitIndices
-from mmfs.megatron.npyfile import HeaderFileLied
-from mmfs.megatron.phasebuild import PhasedBuilder as Builder
+from mmfs.megatron.build.builder import SplitIndices
+from mmfs.megatron.cache.npyfile import HeaderFileLied
+from mmfs.megatron.phases.build import PhasedBuilder as Builder
 from mmfs.megatron.reader import SplitReader, TokenSource
 from mmfs.megatron.tokenized import ensure_tokenized
 from mmfs.storage import scheme_of

@@ -13,7 +13,7 @@ import numpy as np
 from mmfs.errors import NativeError
 from mmfs.formats.dtypes import native_code
 from mmfs.megatron.arrays import ArrayPlacer
-from mmfs.megatron.builder import GptIndices, SplitIndices
+from mmfs.megatron.build.builder import GptIndices, SplitIndices
 from mmfs.native import check, ffi, lib
 
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 from mmfs.errors import CacheError, MmfsError, PreprocessError
-from mmfs.megatron.cachelock import try_lock, wait_unlocked
+from mmfs.megatron.cache.locks import try_lock, wait_unlocked
 from mmfs.processes import mmfs_command, pid_alive
 from mmfs.storage import open_source, scheme_of
 from mmfs.text.dataset import TextDataset

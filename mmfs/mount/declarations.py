@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from mmfs.errors import MountError, NativeError
-from mmfs.megatron.rankplan import native_plan, plan_splits
+from mmfs.megatron.sampling.rankplan import native_plan, plan_splits
 from mmfs.mount.contract import (
     DOCUMENTS,
     SEQUENCES,

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from mmfs import __version__
-from mmfs.megatron.phasefacts import describe_phases
-from mmfs.megatron.rankplan import plan_kind
+from mmfs.megatron.phases.facts import describe_phases
+from mmfs.megatron.sampling.rankplan import plan_kind
 from mmfs.mount.contract import (
     DOCUMENTS,
     FILE_NAMES,

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmfs.config.training import MAX_DATA_PARALLEL_SIZE
-from mmfs.megatron.rankplan import RankPlan, native_plan, plan_stream
-from mmfs.megatron.samplers import SamplerError
+from mmfs.megatron.sampling.rankplan import RankPlan, native_plan, plan_stream
+from mmfs.megatron.sampling.samplers import SamplerError
 from mmfs.mount.contract import STREAM_NAME, STREAM_NAME_HELP, name_width, rank_name_width, streams_dir
 from mmfs.mount.declarations import microbatch_view
 from mmfs.mount.views import Registry, View

@@ -6,9 +6,9 @@ import json
 import sys
 
 from mmfs.errors import ConfigError, FormatError, MmfsError, NativeError
-from mmfs.megatron.buildcheck import check_sequences
+from mmfs.megatron.build.check import check_sequences
 from mmfs.megatron.corpus import open_corpus
-from mmfs.megatron.gpt import gib
+from mmfs.megatron.indices.gpt import gib
 from mmfs.mount.manifest import describe_splits, manifest
 
 MAX_PRINTED_TOKENS = 1 << 27  # 512 MiB of uint32; a bigger sample is read from a mount

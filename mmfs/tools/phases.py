@@ -12,7 +12,7 @@ from typing import Any
 
 from mmfs.errors import ConfigError
 from mmfs.megatron import open_corpus
-from mmfs.megatron.phasefacts import describe_phases, served_before
+from mmfs.megatron.phases.facts import describe_phases, served_before
 
 
 def phases_report(config_path: str) -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """`mmfs resume-check CONFIG --consumed C --to dp=D,mbs=M[,sampler=...][,sharding=...]`:
 does a job that ran with the config's `training:` layout up to consumed_samples C,
-resumed on the new layout, read every sample exactly once (mmfs.megatron.resume)?
+resumed on the new layout, read every sample exactly once (mmfs.megatron.sampling.resume)?
 In a run in phases the report names the phase the job resumes in and the phases
 of the samples repeated or skipped.
 
 `--to-config NEW` (with or without --to): the job resumes with another config, as
-when a phase is added or changed at the resume point (mmfs.megatron.phaseresume):
+when a phase is added or changed at the resume point (mmfs.megatron.phases.resume):
 are the new config's samples before C the ones the job trained on, and does it
 serve again what the job already trained on?
 Exit 0 if so, 1 if not, 2 on a user error."""
@@ -18,9 +18,9 @@ from typing import Any
 
 from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
-from mmfs.megatron.phaseresume import PhaseResume, compare
-from mmfs.megatron.resume import ResumeReport, Sampling, check_resume
-from mmfs.megatron.samplers import SamplerError
+from mmfs.megatron.phases.resume import PhaseResume, compare
+from mmfs.megatron.sampling.resume import ResumeReport, Sampling, check_resume
+from mmfs.megatron.sampling.samplers import SamplerError
 from mmfs.mount.streams import parse_layout
 
 SHOWN = 10  # ids of each kind printed

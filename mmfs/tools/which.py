@@ -36,8 +36,8 @@ import numpy as np
 
 from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
-from mmfs.megatron.rankplan import plan_ranks, resumed_microbatch, stream_microbatch
-from mmfs.megatron.samplers import SamplerError
+from mmfs.megatron.sampling.rankplan import plan_ranks, resumed_microbatch, stream_microbatch
+from mmfs.megatron.sampling.samplers import SamplerError
 from mmfs.mount.contract import MANIFEST, file_name, name_width, rank_dir, rank_name_width
 from mmfs.storage import StorageError
 from mmfs.storage.file import read_text_file

@@ -1,6 +1,6 @@
 """The page of `mmfs report`: one self-contained HTML file (every script and style
 inside; it opens from disk with no network or server) of the figures of
-mmfs.tools.report. The charts are Vega-Lite, built with Altair and shown by the
+mmfs.tools.report.command. The charts are Vega-Lite, built with Altair and shown by the
 Vega bundle vl-convert ships, inlined (the optional extra `mmfs[report]`); the
 tables, the warnings and the sample browser are plain HTML and a little script.
 
@@ -24,7 +24,7 @@ from mmfs.errors import MmfsError
 MAX_SERIES = 20
 FOLD_AFTER = 12  # warnings and table rows shown before the rest fold away
 INSTALL = "pip install 'mmfs[report]'"
-PAGE_SCRIPT = os.path.join(os.path.dirname(__file__), "report_page.js")
+PAGE_SCRIPT = os.path.join(os.path.dirname(__file__), "page.js")
 
 
 class ReportExtraMissing(MmfsError):

@@ -1,6 +1,6 @@
 """Building a run in phases (config `phases:`): valid and test as the top level
 builds them, the train split as one blend over the run's GPTDatasets
-(phases.py says how), cached like Megatron's own indices."""
+(plan.py says how), cached like Megatron's own indices."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import numpy as np
 
 from mmfs.config.phases import Phases
 from mmfs.config.schema import SPLITS
-from mmfs.megatron.blend import check_blend_fits, sizes_per_dataset
-from mmfs.megatron.builder import Builder, log
-from mmfs.megatron.buildtasks import _Task
-from mmfs.megatron.cache import IndexCache, default_cache_dir
-from mmfs.megatron.indices import BlendIndices, GptIndices, SplitIndices
-from mmfs.megatron.phases import (
+from mmfs.megatron.build.builder import Builder, log
+from mmfs.megatron.build.tasks import _Task
+from mmfs.megatron.cache.index_cache import IndexCache, default_cache_dir
+from mmfs.megatron.indices.blend import check_blend_fits, sizes_per_dataset
+from mmfs.megatron.indices.built import BlendIndices, GptIndices, SplitIndices
+from mmfs.megatron.indices.splits import normalize, split_matrix
+from mmfs.megatron.phases.plan import (
     PhasedBlend,
     PhaseSlice,
     continue_blend,
@@ -26,7 +27,6 @@ from mmfs.megatron.phases import (
     used_up,
     wrap,
 )
-from mmfs.megatron.splits import normalize, split_matrix
 
 PHASED_ARRAYS = {
     "dataset_index": (("int16",), 1),
@@ -38,7 +38,7 @@ PHASED_ARRAYS = {
 @dataclass
 class PhasedSplit(SplitIndices):
     """The train split of a run in phases: `gpts` are the run's GPTDatasets (under
-    restart, each phase's own), `blend` the run's blend (phases.py), and per phase
+    restart, each phase's own), `blend` the run's blend (plan.py), and per phase
     its slice and draws. phase_gpts[k]: the run's GPTDataset ids phase k draws from."""
 
     phases: Phases | None = None

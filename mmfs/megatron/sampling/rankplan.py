@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from mmfs.megatron.arrays import ArrayPlacer
-from mmfs.megatron.randperm import epoch_permutation, index_dtype, randperm
-from mmfs.megatron.samplers import SamplerError
+from mmfs.megatron.sampling.randperm import epoch_permutation, index_dtype, randperm
+from mmfs.megatron.sampling.samplers import SamplerError
 from mmfs.native import ffi, lib
 
 

@@ -13,9 +13,9 @@ from collections import OrderedDict
 import numpy as np
 
 from mmfs.errors import ConfigError
-from mmfs.megatron.buildcheck import available_memory
-from mmfs.megatron.gpt import gib
-from mmfs.megatron.splits import normalize
+from mmfs.megatron.build.check import available_memory
+from mmfs.megatron.indices.gpt import gib
+from mmfs.megatron.indices.splits import normalize
 from mmfs.native import check, ffi, lib, pointer
 
 MAX_DATASETS = 32766  # int16 dataset ids, as Megatron asserts

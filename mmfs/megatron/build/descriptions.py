@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from mmfs.megatron.blend import blend_description
-from mmfs.megatron.gpt import GptParams
+from mmfs.megatron.indices.blend import blend_description
+from mmfs.megatron.indices.gpt import GptParams
 
 
 class _Descriptions:

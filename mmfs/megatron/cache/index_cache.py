@@ -18,7 +18,7 @@ A folder holding many indices of one config also gets a header file
 loaded or saved. The next open of the same indices stats their files instead of
 reading them, so a blend of a thousand datasets re-opens with one read.
 
-The pieces live beside this module: `npyfile` (reading), `cachewrite` (saving),
+The pieces live beside this module: `npyfile` (reading), `write` (saving),
 `headerfile` (the header file)."""
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import numpy as np
 from mmfs.config.schema import Config, DatasetSpec
 from mmfs.errors import CacheError
 from mmfs.formats import dataset_stem
-from mmfs.megatron.cachewrite import Batch, clean_stale_temporaries, temp_name, unlink_quietly, write_problem
-from mmfs.megatron.npyfile import CachedArray, FileId, arrays_fit_specs, file_id, read_npy_header, read_text
+from mmfs.megatron.cache.npyfile import CachedArray, FileId, arrays_fit_specs, file_id, read_npy_header, read_text
+from mmfs.megatron.cache.write import Batch, clean_stale_temporaries, temp_name, unlink_quietly, write_problem
 from mmfs.storage import scheme_of
 
 log = logging.getLogger(__name__)

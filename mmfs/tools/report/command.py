@@ -5,7 +5,7 @@ document lengths and how samples cut them; the shares each data-parallel rank ge
 a bounded set of iterations' samples for the page's browser; and warnings, each
 with the numbers behind it. Aggregates only (no list of every sample): a blend of
 a thousand datasets and millions of samples stays a few hundred KB of figures.
-The counts come from mmfs.megatron (mix, rankplan); the page is report_page.py."""
+The counts come from mmfs.megatron (mix, rankplan); the page is page.py."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from mmfs import __version__
 from mmfs.config.schema import SPLITS
 from mmfs.errors import MmfsError
 from mmfs.megatron import open_corpus
-from mmfs.megatron.mix import dataset_of, epochs_in_index, gpt_samples, sample_cuts, sequence_lengths
-from mmfs.megatron.rankplan import plan_ranks, rank_of_position, stream_order
-from mmfs.megatron.splits import normalize
-from mmfs.tools.report_phases import dataset_groups, is_phased, merge_rows, phase_bands, phase_figures, run_weights
-from mmfs.tools.report_warnings import blend_warnings
+from mmfs.megatron.indices.mix import dataset_of, epochs_in_index, gpt_samples, sample_cuts, sequence_lengths
+from mmfs.megatron.indices.splits import normalize
+from mmfs.megatron.sampling.rankplan import plan_ranks, rank_of_position, stream_order
+from mmfs.tools.report.phases import dataset_groups, is_phased, merge_rows, phase_bands, phase_figures, run_weights
+from mmfs.tools.report.warnings import blend_warnings
 
 MAX_WINDOWS = 100  # points of the mix chart
 MAX_RANK_CELLS = 1 << 21  # ranks x datasets of the per-rank shares (larger: each dataset's spread only)
@@ -303,7 +303,7 @@ def report_command(args) -> int:
         figs = report(args.target, iterations, browser=iterations is not None)
         print(json.dumps(figs, default=_json_default, separators=(",", ":"), ensure_ascii=False))
         return 0
-    from mmfs.tools.report_page import check_output, write_page
+    from mmfs.tools.report.page import check_output, write_page
 
     path = "report.html" if args.output is None else args.output
     check_output(path)  # before the figures: a wrong -o is told at once

@@ -1,4 +1,4 @@
-// The script of mmfs report's page (inlined into it by report_page.py): draws the
+// The script of mmfs report's page (inlined into it by page.py): draws the
 // Vega-Lite charts, fills the sample browser, and says when it is done in
 // <body data-rendered> and #mmfs-status (what a headless browser waits for).
 (function () {

@@ -13,7 +13,7 @@ import numpy as np
 
 from mmfs.errors import ConfigError, FormatError
 from mmfs.formats.chunks import element_offset, iter_array
-from mmfs.megatron.gpt import INT32_MAX, GptParams, gib, plan_epochs, predict_gpt_size
+from mmfs.megatron.indices.gpt import INT32_MAX, GptParams, gib, plan_epochs, predict_gpt_size
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ i.e. the mount's sample files). Ported here exactly:
   training loop iterates the sampler again (Megatron's cyclic_iter), which starts the
   next pass from that count.
 
-torch.randperm: mmfs/megatron/randperm.py; the compact plans of the files the
-mount serves: mmfs/megatron/rankplan.py.
+torch.randperm: mmfs/megatron/sampling/randperm.py; the compact plans of the files the
+mount serves: mmfs/megatron/sampling/rankplan.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mmfs.errors import MmfsError
-from mmfs.megatron.randperm import randperm
+from mmfs.megatron.sampling.randperm import randperm
 
 
 class SamplerError(MmfsError):

@@ -15,7 +15,7 @@ import time
 import uuid
 
 from mmfs.errors import CacheError
-from mmfs.megatron.cachelock import HOST, Lock
+from mmfs.megatron.cache.locks import HOST, Lock
 from mmfs.processes import pid_alive
 
 log = logging.getLogger(__name__)

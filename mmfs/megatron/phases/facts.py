@@ -10,7 +10,7 @@ import numpy as np
 
 
 def describe_phases(split: Any) -> dict[str, Any]:
-    """split: a PhasedSplit (megatron/phasebuild.py)."""
+    """split: a PhasedSplit (megatron/phases/build.py)."""
     phases = split.phases
     positions = split.positions
     out = []

@@ -5,7 +5,7 @@ restart each phase has its own GPTDatasets, so one dataset may have several).
 The report shows one row, and one series, per dataset across the whole run
 (GPTDatasets of the same dataset file summed), each with its weight averaged over
 the run (each phase's weight times the samples of the phase the run reads), and per
-phase what mmfs.json's `phases` section says (mmfs.megatron.phasefacts: weights,
+phase what mmfs.json's `phases` section says (mmfs.megatron.phases.facts: weights,
 draws, realised shares, positions) with the samples of the phase served earlier in
 the run. Nothing here computes an index: the draws and positions are the phased
 split's own."""
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from mmfs.megatron.phasefacts import describe_phases, served_before
+from mmfs.megatron.phases.facts import describe_phases, served_before
 
-# Samples served earlier in the run are found by walking every train sample (phasefacts.served_before,
+# Samples served earlier in the run are found by walking every train sample (phases.facts.served_before,
 # about 15 us each): past this many the report leaves them uncounted and says so.
 SERVED_COUNTED_UP_TO = 1_000_000
 SUMMED = ("samples", "samples_built", "tokens", "mid_document")
@@ -50,7 +50,7 @@ def run_weights(indices, groups: np.ndarray, run_samples: int) -> list[float]:
 
 
 def merge_rows(rows: list[dict[str, Any]], groups: np.ndarray, run_samples: int) -> list[dict[str, Any]]:
-    """One row per dataset from the rows of its GPTDatasets (mmfs.tools.report._gpt_row):
+    """One row per dataset from the rows of its GPTDatasets (mmfs.tools.report.command._gpt_row):
     counts summed, the furthest epoch kept; shares and epochs recomputed."""
     out: list[dict[str, Any]] = []
     for g, row in zip(groups, rows):

@@ -18,23 +18,23 @@ import numpy as np
 
 from mmfs.config.schema import SPLITS, Config, DatasetSpec
 from mmfs.errors import CacheError, ConfigError
-from mmfs.megatron.blend import (
+from mmfs.megatron.indices.blend import (
     MAX_DATASETS,
     build_blending_indices,
     build_exhaustive_blending_indices,
     check_blend_fits,
     sizes_per_dataset,
 )
-from mmfs.megatron.buildcheck import check_gpt_build
-from mmfs.megatron.buildtasks import CLAIM_MAX, _DropInfo, _Progress, _Task, assign_locks, default_jobs
-from mmfs.megatron.cache import IndexCache, default_cache_dir
-from mmfs.megatron.cachelock import try_lock, wait_unlocked
-from mmfs.megatron.cachewrite import Batch
-from mmfs.megatron.descriptions import _Descriptions
-from mmfs.megatron.gpt import GptParams, build_gpt_indices, plan_epochs, predict_gpt_size
-from mmfs.megatron.headerfile import HEADERS_FROM, HeaderFile
-from mmfs.megatron.indices import BLEND_ARRAYS, GPT_ARRAYS, BlendIndices, GptIndices, SplitIndices
-from mmfs.megatron.splits import normalize, split_matrix, split_range
+from mmfs.megatron.build.check import check_gpt_build
+from mmfs.megatron.build.tasks import CLAIM_MAX, _DropInfo, _Progress, _Task, assign_locks, default_jobs
+from mmfs.megatron.cache.index_cache import IndexCache, default_cache_dir
+from mmfs.megatron.cache.locks import try_lock, wait_unlocked
+from mmfs.megatron.cache.write import Batch
+from mmfs.megatron.build.descriptions import _Descriptions
+from mmfs.megatron.indices.gpt import GptParams, build_gpt_indices, plan_epochs, predict_gpt_size
+from mmfs.megatron.cache.headerfile import HEADERS_FROM, HeaderFile
+from mmfs.megatron.indices.built import BLEND_ARRAYS, GPT_ARRAYS, BlendIndices, GptIndices, SplitIndices
+from mmfs.megatron.indices.splits import normalize, split_matrix, split_range
 
 __all__ = ["Builder", "GptIndices", "BlendIndices", "SplitIndices", "CLAIM_MAX", "_Descriptions",
            "default_cache_dir", "default_jobs"]
@@ -50,7 +50,7 @@ class Builder:
     jobs: indices built at once in threads (the C core and numpy's shuffles
     release the GIL), as megatron-core's num_dataset_builder_threads. Several
     processes may build into one cache folder: each index is built by the one
-    holding its lock (cachelock.py); the others load it when it is there."""
+    holding its lock (cache/locks.py); the others load it when it is there."""
 
     def __init__(self, config: Config, datasets: dict, jobs: int | None = None,
                  trust_header_files: bool = True) -> None:

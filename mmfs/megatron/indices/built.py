@@ -10,9 +10,9 @@ import numpy as np
 
 from mmfs.config.schema import DatasetSpec
 from mmfs.megatron.arrays import file_region
-from mmfs.megatron.cache import IndexCache
-from mmfs.megatron.gpt import GptParams
-from mmfs.megatron.npyfile import CachedArray
+from mmfs.megatron.cache.index_cache import IndexCache
+from mmfs.megatron.cache.npyfile import CachedArray
+from mmfs.megatron.indices.gpt import GptParams
 
 GPT_ARRAYS = {
     "document_index": (("int32",), 1),

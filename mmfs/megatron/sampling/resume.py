@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmfs.megatron.rankplan import plan_stream, rank_ids
-from mmfs.megatron.samplers import SamplerError
+from mmfs.megatron.sampling.rankplan import plan_stream, rank_ids
+from mmfs.megatron.sampling.samplers import SamplerError
 
 
 @dataclass(frozen=True)

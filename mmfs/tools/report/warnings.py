@@ -15,7 +15,7 @@ EPOCH_SLACK = 1e-9
 
 
 def blend_warnings(corpus, splits: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Warnings over the figures of every split (mmfs.tools.report._split). A weight
+    """Warnings over the figures of every split (mmfs.tools.report.command._split). A weight
     "rounds to no samples" when weight x the run's samples rounds to 0: Megatron's
     greedy blend still draws such a dataset once or so, early on. A run in phases is
     looked at phase by phase for what a blend decides (a dataset listed twice, a
@@ -53,7 +53,7 @@ def _phase_warnings(split: str, phases: dict[str, Any], run: int) -> list[dict[s
                             "message": f"{where}: {d}'s weight {w:.3g} of the phase's {p['samples']:,} samples is "
                                        f"{expected:.3g} samples: it rounds to none (the blend draws "
                                        f"{row['draws']:,})"})
-        if p["served_before"]:  # None: not counted (report_phases.SERVED_COUNTED_UP_TO)
+        if p["served_before"]:  # None: not counted (report/phases.py SERVED_COUNTED_UP_TO)
             out.append({"kind": "served_again", "split": split, "phase": p["phase"], "samples": p["samples"],
                         "served_before": p["served_before"], "phase_mode": phases["phase_mode"],
                         "message": f"{where}: {p['served_before']:,} of its {p['samples']:,} samples were served "

@@ -8,10 +8,10 @@ import os
 import threading
 import time
 
-from mmfs.megatron.cache import IndexCache, description_hash
-from mmfs.megatron.indices import BLEND_ARRAYS
+from mmfs.megatron.cache.index_cache import IndexCache, description_hash
+from mmfs.megatron.indices.built import BLEND_ARRAYS
 
-log = logging.getLogger("mmfs.megatron.builder")
+log = logging.getLogger("mmfs.megatron.build.builder")
 DETAILED_UP_TO = 16  # indices: a build of more logs only its progress
 
 

@@ -1,6 +1,6 @@
 """What a split's indices hold, counted: which GPTDataset each sample comes from,
 which of its samples a run reads, and how those samples cut documents. Counts
-only (numpy over whole index arrays); mmfs.tools.report turns them into figures."""
+only (numpy over whole index arrays); mmfs.tools.report.command turns them into figures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmfs.megatron.builder import GptIndices, SplitIndices
+from mmfs.megatron.build.builder import GptIndices, SplitIndices
 
 
 def sequence_lengths(dataset) -> np.ndarray:

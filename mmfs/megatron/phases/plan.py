@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmfs.megatron.blend import build_blending_indices
-from mmfs.megatron.splits import normalize
+from mmfs.megatron.indices.blend import build_blending_indices
+from mmfs.megatron.indices.splits import normalize
 
 
 def megatron_weights(weights: list[float]) -> list[float]:

@@ -10,9 +10,9 @@ import os
 
 import numpy as np
 
-from mmfs.megatron.cache import IndexCache, description_hash
-from mmfs.megatron.cachewrite import temp_name, unlink_quietly
-from mmfs.megatron.npyfile import NPY_MIN_HEADER, CachedArray, FileId, arrays_fit_specs, file_id
+from mmfs.megatron.cache.index_cache import IndexCache, description_hash
+from mmfs.megatron.cache.npyfile import NPY_MIN_HEADER, CachedArray, FileId, arrays_fit_specs, file_id
+from mmfs.megatron.cache.write import temp_name, unlink_quietly
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,2 @@
+"""`mmfs report`: the training mix as figures (`--json`), warnings, phases, and one
+offline page."""
