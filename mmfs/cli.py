@@ -17,6 +17,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from mmfs import __version__  # noqa: E402 - after the setting above
 from mmfs.config.schema import SPLITS  # noqa: E402
 from mmfs.errors import MmfsError  # noqa: E402
+from mmfs.mount.options import options_help  # noqa: E402
 
 # Characters that end a line (str.splitlines): escaped in an error message, so that
 # a file name holding one still gives a single line.
@@ -50,6 +51,13 @@ class OneLineParser(argparse.ArgumentParser):
                      f"see `{self.prog} --help`\n")
 
 
+def add_command(sub, common: argparse.ArgumentParser, name: str, summary: str, more: str):
+    """A subcommand whose `--help` starts with what it does: `summary` is its line in
+    `mmfs --help`, and, as a sentence with `more` after it, the top of its own help."""
+    sentence = summary[0].upper() + summary[1:] + ("" if summary.endswith("?") else ".")
+    return sub.add_parser(name, parents=[common], help=summary, description=f"{sentence} {more}")
+
+
 def add_verbosity(parser: argparse.ArgumentParser, default) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("-v", "--verbose", action="store_true", default=default, help="log more")
@@ -67,7 +75,9 @@ def add_which_position(p: argparse.ArgumentParser) -> None:
 
 def add_config_parser(sub, common: argparse.ArgumentParser) -> None:
     """`mmfs config --from-megatron ARGS...`: the YAML config for Megatron-LM's arguments."""
-    p = sub.add_parser("config", parents=[common], help="print the YAML config of Megatron-LM launch arguments")
+    p = add_command(sub, common, "config", "print the YAML config of Megatron-LM launch arguments",
+                    "Flags that change which samples a rank reads and that mmfs does not model are refused or "
+                    "warned about, naming the flag (docs/config.md).")
     p.add_argument("--from-megatron", nargs=argparse.REMAINDER, required=True, metavar="ARGS",
                    help="Megatron-LM's arguments (pretrain_gpt.py's), or @FILE holding them; the rest of the line. "
                         "A run in phases (--phase-transition-iterations): one launch per phase, separated by "
@@ -87,36 +97,52 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=OneLineParser)
 
-    p = sub.add_parser("info", parents=[common], help="describe a dataset (.idx/.bin prefix or .pbin)")
+    p = add_command(sub, common, "info", "describe a dataset (.idx/.bin prefix or .pbin)",
+                    "Its format (found by content), token dtype, sequence and document counts, and length "
+                    "statistics.")
     p.add_argument("path", help="dataset prefix, .idx, .bin or .pbin file")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
 
-    p = sub.add_parser("verify", parents=[common], help="check every pointer, length and index of a dataset")
+    p = add_command(sub, common, "verify", "check every pointer, length and index of a dataset",
+                    "Reads the whole index in bounded memory; exit 0 when sound, 2 naming the first bad byte "
+                    "offset.")
     p.add_argument("path", help="dataset prefix, .idx, .bin or .pbin file")
 
-    p = sub.add_parser("build", parents=[common], help="build (or load) the sample indices of a config")
+    p = add_command(sub, common, "build", "build (or load) the sample indices of a config",
+                    "Builds megatron-core's document, sample, shuffle and blending indices into the index cache "
+                    "(cache_dir, Megatron's --data-cache-path) and summarises each split; a later build, mount "
+                    "or Megatron job with the same arguments loads them.")
     p.add_argument("config", help="YAML config")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("-j", "--jobs", type=int, default=None,
                    help="indices built at once (default: one per CPU)")
 
-    p = sub.add_parser("sample", parents=[common], help="print one sample's tokens and provenance")
+    p = add_command(sub, common, "sample", "print one sample's tokens and provenance",
+                    "As JSON: the tokens GPTDataset gives for the index, and the dataset, sequences and "
+                    "offsets they were cut from.")
     p.add_argument("config", help="YAML config")
     p.add_argument("index", type=int, help="sample index in the split")
-    p.add_argument("--split", default="train", choices=SPLITS)
+    p.add_argument("--split", default="train", choices=SPLITS, help="the split (default: train)")
 
-    p = sub.add_parser("mount", parents=[common], help="mount a config's samples as files")
+    p = add_command(sub, common, "mount", "mount a config's samples as files",
+                    "Builds or loads the indices, mounts them read-only at MOUNTPOINT and returns once the "
+                    "mount serves (the daemon stays in the background; `mmfs umount` ends it). The tree, "
+                    "names and mmfs.json are a contract: docs/mount.md.")
     p.add_argument("config", help="YAML config")
     p.add_argument("mountpoint", help="an empty directory")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
-    p.add_argument("-o", dest="options", default="", help="extra FUSE options, comma-separated")
+    p.add_argument("-o", dest="options", metavar="OPT[,OPT...]", default="",
+                   help="comma-separated options: " + options_help() + "; any other goes to libfuse as given")
     p.add_argument("--log", help="daemon log file (default: printed at mount time)")
 
-    p = sub.add_parser("umount", parents=[common], help="unmount an mmfs mount (also a stale one)")
-    p.add_argument("mountpoint")
+    p = add_command(sub, common, "umount", "unmount an mmfs mount (also a stale one)",
+                    "Ends the daemon and removes the mount; a mount whose daemon died is cleared too.")
+    p.add_argument("mountpoint", help="the folder the mount is on")
     p.add_argument("--lazy", action="store_true", help="detach a busy mount now")
 
-    p = sub.add_parser("bench", parents=[common], help="measure read speed of a mount or a config")
+    p = add_command(sub, common, "bench", "measure read speed of a mount or a config",
+                    "Reads sample files (or micro-batch files) with several reader processes and prints "
+                    "samples/s and MB/s beside the alternatives (docs/benchmarks.md).")
     p.add_argument("target", help="a mounted mmfs directory or a YAML config")
     p.add_argument("-n", "--samples", type=int, default=20000, help="samples per pass")
     p.add_argument("--readers", default="1,2,4", help="reader process counts")
@@ -124,46 +150,55 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mount options when benching a config (as for mmfs mount)")
     p.add_argument("--microbatches", metavar="SIZES",
                    help="instead: rank 0's micro-batch files of these sizes (e.g. 4,8) vs sample files")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
 
-    p = sub.add_parser("which", parents=[common],
-                       help="which samples (and documents, tokens) each rank read at a training iteration")
+    p = add_command(sub, common, "which",
+                    "which samples (and documents, tokens) each rank read at a training iteration",
+                    "Follows the training: block (samplers, batch-size schedule, phases) as Megatron's loader "
+                    "does; for valid and test, the evaluation at that iteration.")
     p.add_argument("target", help="a YAML config with a training: block, or an mmfs mount")
     add_which_position(p)
     p.add_argument("--rank", type=int, help="one data-parallel rank (default: every rank)")
-    p.add_argument("--split", default="train", choices=SPLITS)
+    p.add_argument("--split", default="train", choices=SPLITS, help="the split (default: train)")
     p.add_argument("--microbatch", type=int, help="one micro-batch of the iteration (default: all)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--text", action="store_true", help="decode each piece's tokens")
     p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json (or folder) for --text "
                    "(default: the config's tokenizer.type)")
 
-    p = sub.add_parser("resume-check", parents=[common],
-                       help="does a job resumed on another layout read every sample exactly once?")
+    p = add_command(sub, common, "resume-check",
+                    "does a job resumed on another layout read every sample exactly once?",
+                    "Exit 0 when it does, 1 with the counts of samples repeated and skipped when not "
+                    "(docs/streams.md).")
     p.add_argument("config", help="the YAML config the job ran with (its training: block)")
     p.add_argument("--consumed", type=int, required=True, help="consumed_samples at the checkpoint")
     p.add_argument("--to", metavar="dp=D,mbs=M[,sampler=single|cyclic][,sharding=true|false]",
                    help="the layout the job resumes on")
     p.add_argument("--to-config", metavar="NEW_CONFIG",
                    help="the config the job resumes with (a phase added or changed at the resume point)")
-    p.add_argument("--split", default="train", choices=SPLITS)
+    p.add_argument("--split", default="train", choices=SPLITS, help="the split (default: train)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
-    p = sub.add_parser("phases", parents=[common],
-                       help="what each phase of a run in phases draws from each dataset (docs/phases.md)")
+    p = add_command(sub, common, "phases", "what each phase of a run in phases draws from each dataset",
+                    "Per phase: where it starts, each dataset's weight, draws, realised share, position and what "
+                    "is left, and samples served again (docs/phases.md).")
     p.add_argument("config", help="a YAML config with a phases: list")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     add_config_parser(sub, common)
 
-    p = sub.add_parser("report", parents=[common],
-                       help="the training mix as one self-contained HTML page (or --json figures)")
+    p = add_command(sub, common, "report",
+                    "the training mix as one self-contained HTML page (or --json figures)",
+                    "Weights against realised shares, epochs, the mix over the run, document lengths, each "
+                    "rank's shares, the samples of any iteration and warnings; the page opens from disk with "
+                    "no network (docs/report.md).")
     p.add_argument("target", help="a YAML config, or an mmfs mount")
     p.add_argument("-o", dest="output", metavar="FILE.html", help="where to write the page (default: report.html)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON instead")
     p.add_argument("--iterations", metavar="I,J,...", type=_integers,
                    help="the iterations the page's sample browser holds (default: up to 24 across the run)")
 
-    p = sub.add_parser("preprocess", parents=[common],
-                       help="tokenize JSONL or Parquet into IndexedDatasets (Megatron's tools/preprocess_data.py)")
+    p = add_command(sub, common, "preprocess",
+                    "tokenize JSONL or Parquet into IndexedDatasets (Megatron's tools/preprocess_data.py)",
+                    "Byte for byte what Megatron-LM's tool writes, with its flags (docs/preprocess.md).")
     from mmfs.tools.preprocess import add_arguments
     add_arguments(p)
     return parser
@@ -191,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mmfs: error: {str(exc).translate(_LINE_BREAKS)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        # A build drops what it staged and its locks before this (Builder._run).
+        print(f"mmfs: {args.command} interrupted; nothing half-built was kept in the index cache", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader went away (`mmfs sample ... | head`): stop quietly, as a tool

@@ -34,6 +34,23 @@ class MountOptions:
     fuse: dict[str, Any] = field(default_factory=dict)
 
 
+# What `mmfs mount --help` says of each option mmfs reads itself, and of the libfuse
+# options a user most often needs (any other goes to libfuse as given).
+OPTION_HELP = {
+    "threads[=0|1]": "serve with several threads (default: only when a dataset is in object storage)",
+    "low_latency": "keep idle CPUs polling while requests flow (off by default)",
+    "map_limit_mb=N": f"MB of index and token files the daemon keeps in memory (default {DEFAULT_MAP_LIMIT_MB}; "
+                      "it reads the rest with pread)",
+    "nonempty": "mount over a folder that is not empty",
+    "allow_other": "let other users read the mount (libfuse; as a user, needs user_allow_other in /etc/fuse.conf)",
+}
+
+
+def options_help() -> str:
+    """The options of OPTION_HELP as one line of `--help`."""
+    return "; ".join(f"{name}: {text}" for name, text in OPTION_HELP.items())
+
+
 # mmfs's own flags; `nothreads` and `foreground` are accepted (and dropped) for
 # the command lines of fusepy's own examples.
 _FLAGS = ("threads", "low_latency", "nothreads", "foreground")
