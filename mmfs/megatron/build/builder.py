@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 gpt_log = logging.getLogger(build_gpt_indices.__module__)
 
 
+class BuildStopped(Exception):
+    """Raised in a build thread when the build was given up before this index."""
+
+
 class Builder:
     """Builds (or loads) every split of a config. `datasets` maps DatasetSpec.file
     to the opened dataset (anything with sequence_lengths and num_sequences).
@@ -60,6 +65,8 @@ class Builder:
         self.jobs = jobs or default_jobs()
         self.batch = Batch()
         self._folders_made: set[str] = set()
+        # Set when the build is given up (Ctrl-C, an error): no index starts after it.
+        self.stopping = threading.Event()
         self._progress = _Progress(0)
         self._descriptions = _Descriptions()
 
@@ -191,6 +198,22 @@ class Builder:
 
     # -- obtaining indices ------------------------------------------------------------
 
+    def _obtain_all(self, units: list[list[_Task]]) -> list[bool]:
+        """_obtain each claim, in threads when there are jobs for them. When the main
+        thread is interrupted (Ctrl-C) the claims not started never start and each
+        running one stops before its next index, so the build ends within one index's
+        time; the caller then drops what was staged."""
+        if self.jobs <= 1 or len(units) <= 1:
+            return [self._obtain(u) for u in units]
+        pool = ThreadPoolExecutor(min(self.jobs, len(units)), thread_name_prefix="mmfs-build")
+        try:
+            return list(pool.map(self._obtain, units))
+        except BaseException:
+            self.stopping.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
     def _obtain(self, claim: list[_Task]) -> bool:
         """Build the indices of one claim (tasks under one lock) that the cache does
         not have; False when another builder holds the claim's lock."""
@@ -211,6 +234,8 @@ class Builder:
                 # finished by another builder meanwhile: load those
                 claim = [t for t in claim if not self._from_cache(t)]
         for task in claim:
+            if self.stopping.is_set():
+                raise BuildStopped()
             task.result = (task.cache.stage(task.make(), self.batch), False)
             self._progress.step(built=True)
         return True
@@ -258,12 +283,7 @@ class Builder:
                 for t in pending:
                     claims.setdefault(t.lock_path, []).append(t)
                 units = list(claims.values())
-                if self.jobs > 1 and len(units) > 1:
-                    with ThreadPoolExecutor(min(self.jobs, len(units)),
-                                            thread_name_prefix="mmfs-build") as pool:
-                        done = list(pool.map(self._obtain, units))
-                else:
-                    done = [self._obtain(u) for u in units]
+                done = self._obtain_all(units)
                 self.batch.commit()  # before waiting: never wait while holding locks
                 held = [u for u, ok in zip(units, done) if not ok]
                 for u in held:
@@ -275,6 +295,7 @@ class Builder:
                                                    if t.result is None}))
                 pending = [t for u in held for t in u if not self._from_cache(t, known)]
         except BaseException:
+            self.stopping.set()
             self.batch.abandon()
             raise
         finally:

@@ -1,0 +1,74 @@
+"""Ctrl-C during `mmfs build`: the build stops before its next index, says so in one
+line, exits 130, and leaves no partial cache file and no lock of its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+from test_cache_locks import HOLD, lock_of_first_index, mmfs, write_config
+from tiny_blends import write_tiny_blend
+
+from mmfs.megatron import open_corpus
+from mmfs.megatron.build import builder
+from mmfs.megatron.cache.write import TEMP_PREFIX
+
+
+def leftovers(folder) -> list[str]:
+    return [n for n in os.listdir(folder) if n.endswith(".lock") or n.startswith(TEMP_PREFIX)]
+
+
+def test_an_interrupted_threaded_build_starts_no_index_after_it(tmp_path, monkeypatch):
+    config = write_tiny_blend(tmp_path, 20)  # 40 GPTDatasets and 2 blends
+    builders, calls, after = [], [], []
+    real_init, real_build = builder.Builder.__init__, builder.build_gpt_indices
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        builders.append(self)
+
+    def build(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # Ctrl-C, delivered as the kernel does: to the main thread
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            assert builders[-1].stopping.wait(120), "the build did not stop"
+        elif len(calls) > 3:
+            after.append(1)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(builder.Builder, "__init__", init)
+    monkeypatch.setattr(builder, "build_gpt_indices", build)
+    with pytest.raises(KeyboardInterrupt):
+        open_corpus(config, progress=False, jobs=2)
+    # the other thread may have been inside an index when Ctrl-C came; nothing starts after
+    assert len(after) <= 1, len(after)
+    assert len(calls) < 40
+    cache = tmp_path / "cache"
+    assert leftovers(cache) == []
+    assert not [n for n in os.listdir(cache) if n.endswith(".npy")]  # nothing staged was kept
+
+
+def test_ctrl_c_while_a_build_waits_is_one_line_exit_130_and_leaves_no_lock_of_its_own(tmp_path):
+    config = write_config(tmp_path)
+    held = lock_of_first_index(tmp_path, config)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, held], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        build = mmfs("-v", "build", str(config), "-j", "2")
+        for line in build.stderr:  # the event: it waits for the lock the holder keeps
+            if "waiting for the builder holding" in line:
+                break
+        build.send_signal(signal.SIGINT)
+        out, err = build.communicate(timeout=60)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert build.returncode == 130
+    lines = err.strip().splitlines()
+    assert lines[-1] == "mmfs: build interrupted; nothing half-built was kept in the index cache"
+    assert "Traceback" not in err
+    assert leftovers(tmp_path / "cache") == [os.path.basename(held)]  # the holder's, not the build's
