@@ -103,11 +103,13 @@ def parse_data_words(words: list[str], checker: Checker, key: str) -> list[dict]
 
 
 def dataset_file(path: str, base_dir: str) -> str:
-    """Where a dataset path of the config points: a URL as written (its string is
-    what Megatron hashes), a relative path from the config's folder."""
-    if scheme_of(path) is not None or os.path.isabs(path):
+    """Where a dataset path of the config points, the dataset's identity: a URL as
+    written, a local path resolved from the config's folder through `.`, `..` and
+    symbolic links, so that one dataset written two ways is one. (Megatron hashes the
+    path as written: that is DatasetSpec.path, kept beside.)"""
+    if scheme_of(path) is not None:
         return path
-    return os.path.normpath(os.path.join(base_dir, path))
+    return os.path.realpath(os.path.join(base_dir, path))
 
 
 def _json_key(entry: dict, file: str, checker: Checker, where: str) -> str | None:

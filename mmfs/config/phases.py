@@ -97,23 +97,24 @@ class Phases:
                 for p in self.phases]
 
 
-def first_phase_data(raw: dict, checker: Checker) -> dict:
+def first_phase_data(raw: dict, checker: Checker) -> tuple[dict, str]:
     """`raw` with the first phase's data as the top level's when the top level has
-    none (valid and test, and the split, then come from it)."""
+    none (valid and test, and the split, then come from it), and the prefix that a
+    message about those data names ("phases[0]." when they came from there)."""
     phases = raw.get("phases")
     if phases is None:
-        return raw
+        return raw, ""
     if not isinstance(phases, list) or not phases:
         raise checker.fail("phases", PHASES_SHAPE)  # (not "datasets: missing", a key the user never meant)
     if not isinstance(phases[0], dict):
         raise checker.fail("phases[0]", PHASE_SHAPE)
     given = [k for k in PHASE_DATA_KEYS if phases[0].get(k) is not None]
     if len(given) == 1:
-        return {**raw, given[0]: phases[0][given[0]]}
+        return {**raw, given[0]: phases[0][given[0]]}, "phases[0]."
     if not given:
         raise checker.fail("phases[0].datasets", "missing: the first phase's datasets (with weights), or give "
                                                  "them at the top level")
-    return raw
+    return raw, ""
 
 
 def parse_phases(raw: dict, checker: Checker, base_dir: str, top: Blend | None, samples: dict,

@@ -185,8 +185,9 @@ def load_config(path: str) -> Config:
     storage = parse_storage(raw.get("storage"), checker, base_dir)
     configure_storage(storage)  # before any dataset is looked at: some may be remote
 
+    named_as = ""  # "phases[0].": the data are the first phase's (valid and test come from it)
     if not any(raw.get(k) is not None for k in DATA_SOURCES):
-        raw = first_phase_data(raw, checker)  # valid and test from the first phase
+        raw, named_as = first_phase_data(raw, checker)
     sources = [k for k in DATA_SOURCES if raw.get(k) is not None]
     if len(sources) != 1:
         raise checker.fail(
@@ -194,7 +195,8 @@ def load_config(path: str) -> Config:
             "give exactly one of `datasets`, `data_path`, `blend_per_split`, `data_args_path` or "
             "`per_split_data_args_path`" + (f" (found {', '.join(sources)})" if sources else ""),
         )
-    label = source = sources[0]  # label: the key errors name
+    source = sources[0]
+    label = named_as + source  # the key errors name
     raw, source = megatron_data_source(raw, source, checker, base_dir)
     blend = blend_per_split = None
     split = None
