@@ -203,7 +203,7 @@ def test_phases_command(tmp_path):
             assert d["left"] == d["gpt_samples"] - d["position_after"]
             assert abs(d["share"] - d["normalized_weight"]) * p["samples"] <= len(p["datasets"])
     text = mmfs("phases", path, "-q")
-    assert text.returncode == 0 and "phase 1: from iteration 10, sample 80 to 176" in text.stdout
+    assert text.returncode == 0 and "phase 1: from iteration 11, sample 80 to 176" in text.stdout
     plain = write(tmp_path, "plain.yaml", datasets=TWO_PHASES[0]["datasets"])
     missing = mmfs("phases", plain)
     assert missing.returncode == 2 and missing.stderr.strip().endswith("see docs/phases.md)")

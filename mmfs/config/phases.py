@@ -2,7 +2,7 @@
 changes at phase boundaries (docs/phases.md).
 
     phases:
-      - datasets: [{path: web, weight: 0.7}, {path: code, weight: 0.3}]   # from iteration 0
+      - datasets: [{path: web, weight: 0.7}, {path: code, weight: 0.3}]   # from iteration 1
       - start_iteration: 60000                # or start_samples, or start_tokens
         datasets: [{path: web, weight: 0.2}, {path: math, weight: 0.8}]
     phase_mode: continue                      # or restart

@@ -30,7 +30,8 @@ def phases_report(config_path: str) -> dict[str, Any]:
 def render(report: dict[str, Any]) -> str:
     lines = [f"phase_mode: {report['phase_mode']}"]
     for p in report["phases"]:
-        it = "" if p["start_iteration"] is None else f"iteration {p['start_iteration']:,}, "
+        # Megatron's numbering, from 1: start_iteration counts the iterations trained before
+        it = "" if p["start_iteration"] is None else f"iteration {p['start_iteration'] + 1:,}, "
         lines.append(f"phase {p['phase']}: from {it}sample {p['start_sample']:,} to {p['end_sample']:,} "
                      f"({p['samples']:,} samples; {p['served_before']:,} served before in the run)")
         lines.append(f"  {'dataset':<24} {'weight':>8} {'share':>8} {'draws':>10} {'position':>21} "
