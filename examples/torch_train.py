@@ -2,8 +2,9 @@
 resuming from the consumed_samples of its checkpoint, also on another layout.
 
     python examples/torch_train.py MOUNT --rank 0 --iterations 20 --checkpoint ckpt.pt
-    # resumed by a job with 3 data-parallel ranks instead of the mount's layout:
-    python examples/torch_train.py MOUNT --rank 0 --data-parallel-size 3 --checkpoint ckpt.pt
+    # resumed by a job with 2 data-parallel ranks instead of the mount's layout (the
+    # global batch stays: the demo's 16 = 2 ranks x micro-batch 2 x 4 accumulation steps):
+    python examples/torch_train.py MOUNT --rank 0 --data-parallel-size 2 --checkpoint ckpt.pt
 
 An iteration is Megatron's: one global batch, that is num_microbatches = global batch
 size / (micro_batch_size x data_parallel_size) micro-batches of this rank, their

@@ -117,3 +117,15 @@ def test_the_torch_example_steps_a_global_batch_as_megatron_does():
         example.microbatches_per_iteration(16, 2, 3)
     with pytest.raises(ValueError):
         example.microbatches_per_iteration(4, 2, 4)  # less than one micro-batch of every rank
+
+
+def test_the_torch_examples_resume_suggestion_fits_the_demo():
+    """The docstring's resume on another --data-parallel-size is one the demo's global
+    batch can take (its `python examples/torch_train.py MOUNT ...` lines)."""
+    example = _torch_train()
+    training = yaml.safe_load((EXAMPLES.parent / "configs" / "demo.yaml").read_text())["training"]
+    sizes = [int(line.split("--data-parallel-size ")[1].split()[0]) for line in example.__doc__.splitlines()
+             if "--data-parallel-size " in line and line.strip().startswith("python")]
+    assert sizes
+    for dp in sizes:
+        assert example.microbatches_per_iteration(training["global_batch_size"], training["micro_batch_size"], dp)

@@ -8,6 +8,7 @@ import sys
 from mmfs.errors import ConfigError, FormatError, MmfsError, NativeError
 from mmfs.megatron.build.check import check_sequences
 from mmfs.megatron.corpus import open_corpus
+from mmfs.megatron.indices.blend import blend_rounding
 from mmfs.megatron.indices.gpt import gib
 from mmfs.mount.manifest import describe_splits, manifest
 
@@ -24,11 +25,25 @@ def build_command(args) -> int:
     # The text summary needs no token counts (which read every dataset's lengths).
     print(f"{args.config}: {corpus.sample_tokens} {corpus.dtype.name} tokens per sample")
     for name, split in describe_splits(corpus).items():
-        print(f"  {name}: {split['samples']} samples ({split['top_level']})")
+        print(f"  {name}: {split['samples']} samples ({split['top_level']}){rounding_note(corpus, name)}")
         for g in split["gpt_datasets"]:
             print(f"    {g['dataset']}: sequences {g['sequences'][0]}..{g['sequences'][1]}, "
                   f"{g['samples']} samples, {g['epochs']} epoch(s)")
     return 0
+
+
+def rounding_note(corpus, split: str) -> str:
+    """`; 1 more than the 16 asked: ...` when Megatron's blend rounds a split up."""
+    asked = corpus.config.samples.get(split)
+    indices = corpus.indices[split]
+    if asked is None or indices.blend is None or indices.blend.weights is None:
+        return ""
+    per_dataset = blend_rounding(asked, indices.blend.weights)
+    if per_dataset is None:
+        return ""
+    extra = sum(per_dataset) - asked
+    return (f"; {extra:,} more than the {asked:,} asked ({corpus.config.samples_key(split)}): Megatron's blend "
+            f"takes ceil({asked:,} × weight) of each dataset, {' + '.join(f'{n:,}' for n in per_dataset)}")
 
 
 def sample_command(args) -> int:

@@ -37,6 +37,14 @@ def sizes_per_dataset(weights: list[float], target: int, surplus: float = 0.0) -
     return [int(math.ceil(math.ceil(target * w) * (1 + surplus))) for w in weights]
 
 
+def blend_rounding(asked: int, weights: list[float]) -> list[int] | None:
+    """What a top-level blend asked for `asked` samples takes of each dataset when that
+    is more than asked: Megatron sizes it Σ ceil(asked × w) (normalised weights), so
+    `samples: {valid: 16}` over two datasets can give 17. None when nothing is added."""
+    per_dataset = sizes_per_dataset(weights, asked)
+    return per_dataset if sum(per_dataset) > asked else None
+
+
 def check_blend_fits(size: int, where: str = "", key: str = "samples.<split>") -> None:
     """Refuse, before allocating, a blend whose two arrays (int16 + int64 per
     sample) cannot fit in memory. where: the config and key, as the line begins."""
