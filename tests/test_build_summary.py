@@ -7,8 +7,8 @@ import sys
 
 import pytest
 import yaml
-from golden_cases import GOLDEN
 
+from golden_cases import GOLDEN
 from mmfs.megatron.indices.blend import blend_rounding
 
 

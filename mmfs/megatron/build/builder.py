@@ -19,6 +19,13 @@ import numpy as np
 
 from mmfs.config.schema import SPLITS, Config, DatasetSpec
 from mmfs.errors import CacheError, ConfigError
+from mmfs.megatron.build.check import check_gpt_build
+from mmfs.megatron.build.descriptions import _Descriptions
+from mmfs.megatron.build.tasks import CLAIM_MAX, _DropInfo, _Progress, _Task, assign_locks, default_jobs
+from mmfs.megatron.cache.headerfile import HEADERS_FROM, HeaderFile
+from mmfs.megatron.cache.index_cache import IndexCache, default_cache_dir
+from mmfs.megatron.cache.locks import try_lock, wait_unlocked
+from mmfs.megatron.cache.write import Batch
 from mmfs.megatron.indices.blend import (
     MAX_DATASETS,
     build_blending_indices,
@@ -26,15 +33,8 @@ from mmfs.megatron.indices.blend import (
     check_blend_fits,
     sizes_per_dataset,
 )
-from mmfs.megatron.build.check import check_gpt_build
-from mmfs.megatron.build.tasks import CLAIM_MAX, _DropInfo, _Progress, _Task, assign_locks, default_jobs
-from mmfs.megatron.cache.index_cache import IndexCache, default_cache_dir
-from mmfs.megatron.cache.locks import try_lock, wait_unlocked
-from mmfs.megatron.cache.write import Batch
-from mmfs.megatron.build.descriptions import _Descriptions
-from mmfs.megatron.indices.gpt import GptParams, build_gpt_indices, plan_epochs, predict_gpt_size
-from mmfs.megatron.cache.headerfile import HEADERS_FROM, HeaderFile
 from mmfs.megatron.indices.built import BLEND_ARRAYS, GPT_ARRAYS, BlendIndices, GptIndices, SplitIndices
+from mmfs.megatron.indices.gpt import GptParams, build_gpt_indices, plan_epochs, predict_gpt_size
 from mmfs.megatron.indices.splits import normalize, split_matrix, split_range
 
 __all__ = ["Builder", "GptIndices", "BlendIndices", "SplitIndices", "CLAIM_MAX", "_Descriptions",
