@@ -1,6 +1,7 @@
 """Building a run in phases (config `phases:`): valid and test as the top level
-builds them, the train split as one blend over the run's GPTDatasets
-(plan.py says how), cached like Megatron's own indices."""
+builds them (under restart also each phase's own: evals.py), the train split as
+one blend over the run's GPTDatasets (plan.py says how), cached like Megatron's
+own indices."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from mmfs.megatron.cache.index_cache import IndexCache, default_cache_dir
 from mmfs.megatron.indices.blend import check_blend_fits, sizes_per_dataset
 from mmfs.megatron.indices.built import BlendIndices, GptIndices, SplitIndices
 from mmfs.megatron.indices.splits import normalize, split_matrix
+from mmfs.megatron.phases.evals import RestartEvals
 from mmfs.megatron.phases.plan import (
     PhasedBlend,
     PhaseSlice,
@@ -39,11 +41,13 @@ PHASED_ARRAYS = {
 class PhasedSplit(SplitIndices):
     """The train split of a run in phases: `gpts` are the run's GPTDatasets (under
     restart, each phase's own), `blend` the run's blend (plan.py), and per phase
-    its slice and draws. phase_gpts[k]: the run's GPTDataset ids phase k draws from."""
+    its slice and draws. phase_gpts[k]: the run's GPTDataset ids phase k draws from.
+    evals: under restart, per phase {valid, test: the indices its relaunch builds}."""
 
     phases: Phases | None = None
     slices: list[PhaseSlice] = field(default_factory=list)
     draws: np.ndarray | None = None  # int64[phases, gpts]
+    evals: list[dict[str, SplitIndices]] = field(default_factory=list)
 
     @property
     def positions(self) -> np.ndarray:
@@ -71,14 +75,19 @@ class PhasedBuilder(Builder):
         phases = self.config.phases
         if phases is None or "train" not in splits:
             return super().build(splits)
-        plans = self.plan_splits(tuple(s for s in splits if s != "train"))
+        others = tuple(s for s in splits if s != "train")
+        plans = self.plan_splits(others)
         bookend = split_matrix(self.config.split)[0]
         if bookend is None:
             raise self.fail("split", "gives the train split no share; a run in phases trains on it")
         train = _ContinuePlan(self, phases, bookend) if phases.mode == "continue" else \
             _RestartPlan(self, phases, bookend)
-        self._run(self.first_tasks(plans) + train.tasks)
-        out = {"train": train.finish(), **self.finish(plans)}
+        evals = RestartEvals(self, phases, others, plans) if phases.mode == "restart" else None
+        self._run(self.first_tasks(plans) + train.tasks + (evals.tasks if evals else []))
+        rest = self.finish(plans)
+        out = {"train": train.finish(), **rest}
+        if evals is not None:
+            out["train"].evals = evals.finish(rest)
         return {s: out[s] for s in SPLITS if s in out}
 
     def phased_task(self, phases: Phases, slices: list[PhaseSlice], bases: list[str], folder_spec,
