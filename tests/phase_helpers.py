@@ -4,8 +4,10 @@ counted by walking every sample."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from mmfs.megatron.phases.facts import served_before
@@ -78,3 +80,35 @@ def reference_continue(slices: list[PhaseSlice], lengths: list[int]) -> list[tup
             drawn[j] += 1
             position[g] += 1
     return out
+
+
+def recorded_config(folder: Path, name: str, case: dict, mode: str, training: dict | None = None) -> str:
+    """The config of a case recorded under tests/reference/ (its split, seed, sequence
+    length, training block and phases: (start_iteration, {prefix: weight}) or
+    (start_iteration, prefix) for one prefix without a weight), over the golden
+    datasets; `training` overrides keys of the training block."""
+    link = folder / "data"
+    if not link.exists():
+        link.symlink_to(DATA, target_is_directory=True)
+    phases = []
+    gbs, sequence_length = case["training"]["global_batch_size"], case["sequence_length"]
+    start_as = case.get("start_as") or ["start_iteration"] * len(case["phases"])
+    for k, ((start, blend), how) in enumerate(zip(case["phases"], start_as)):
+        entry = {"data_path": [blend]} if isinstance(blend, str) else \
+            {"datasets": [{"path": p, "weight": w} for p, w in blend.items()]}
+        at = {"start_iteration": start, "start_samples": start * gbs, "start_tokens": start * gbs * sequence_length}
+        phases.append(entry if k == 0 else {how: at[how], **entry})
+    block = {"data_parallel_size": 1, "micro_batch_size": 2 if gbs % 4 else 4, **case["training"], **(training or {})}
+    config = {"phases": phases, "phase_mode": mode, "split": case["split"], "seed": case["seed"],
+              "sequence_length": sequence_length, "tokenizer": {"eod": 0},
+              "cache_dir": str(folder / "cache"), "training": block}
+    tag = "".join(f"-{k}{v}" for k, v in sorted((training or {}).items()))
+    path = folder / f"{name}-{mode}{tag}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def sample_digests(reader, start: int, end: int) -> list[str]:
+    """The recorders' digest of samples [start, end): sha256 of the tokens as int64, 16 hex digits."""
+    return [hashlib.sha256(np.frombuffer(reader.read(i), dtype=reader.dtype).astype(np.int64).tobytes())
+            .hexdigest()[:16] for i in range(start, end)]

@@ -83,17 +83,34 @@ class Corpus:
             self.indices = Builder(self.config, self._by_file, trust_header_files=False).build()
             return self._readers()
 
+    @cached_property
+    def phase_splits(self) -> list[dict[str, SplitReader]]:
+        """Under phase_mode restart, per phase the readers of its own valid and test
+        (as its relaunch builds them: megatron/phases/evals.py); else []."""
+        _ = self.splits
+        return self._phase_splits
+
     def _readers(self) -> dict[str, SplitReader]:
         limit = self._map_limit_mb
         self._placer = ArrayPlacer(None if limit is None else limit << 20)
         self._sources = {file: TokenSource(ds, self._placer) for file, ds in self._by_file.items()}
-        splits = {
-            name: SplitReader(s, self._sources, self.dtype, self.sample_tokens, self.pad, self._placer)
-            for name, s in self.indices.items()
-            if len(s) > 0
-        }
+        made: dict[int, SplitReader] = {}  # one reader per SplitIndices (a phase may share the top level's)
+
+        def reader(s: SplitIndices) -> SplitReader:
+            if id(s) not in made:
+                made[id(s)] = SplitReader(s, self._sources, self.dtype, self.sample_tokens, self.pad, self._placer)
+            return made[id(s)]
+
+        splits = {name: reader(s) for name, s in self.indices.items() if len(s) > 0}
+        self._phase_splits = [{name: reader(s) for name, s in own.items() if len(s) > 0}
+                              for own in phase_evals(self.indices)]
         self._placer.finish()
         return splits
+
+
+def phase_evals(indices: dict[str, SplitIndices]) -> list[dict[str, SplitIndices]]:
+    """Per phase of a restart run, its own valid and test indices; else []."""
+    return getattr(indices.get("train"), "evals", None) or []
 
 
 def sample_dtype(datasets: list) -> np.dtype:
@@ -183,7 +200,9 @@ def index_bytes_in_memory(corpus: Corpus) -> int:
     """Bytes of the corpus's index arrays held in memory rather than mapped from
     their cache files (a .pbin's sequence table is always in memory: not counted)."""
     total = 0
-    for s in corpus.indices.values():
+    splits = {id(s): s for s in corpus.indices.values()}
+    splits.update((id(s), s) for own in phase_evals(corpus.indices) for s in own.values())
+    for s in splits.values():
         total += sum(g.bytes_in_memory() for g in s.gpts)
         if s.blend is not None:
             total += s.blend.bytes_in_memory()

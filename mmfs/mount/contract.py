@@ -17,6 +17,7 @@ REPORT = "report.html"  # `mmfs report`'s page of the mounted config
 SAMPLES = "samples"
 RANKS = "ranks"
 STREAMS = "streams"
+PHASES = "phases"  # under phase_mode restart: each phase's own valid and test (docs/phases.md)
 DATASETS = "datasets"
 DOCUMENTS = "documents"
 SEQUENCES = "sequences"
@@ -62,6 +63,12 @@ def stream_name(data_parallel_size: int, micro_batch_size: int, consumed_samples
     return name
 
 
+def phase_dir(split: str, phase: int, width: int) -> str:
+    """A restart phase's own split (valid, test), as its relaunch builds it:
+    "/valid/phases/001", which holds `samples/` and `ranks/` as a split does."""
+    return f"/{split}/{PHASES}/{phase:0{width}d}"
+
+
 def rank_dir(split: str, rank: int, width: int) -> str:
     """One rank's micro-batches: "/train/ranks/003"."""
     return f"{ranks_dir(split)}/{rank:0{width}d}"
@@ -83,6 +90,14 @@ FILE_NAMES = f"zero-padded decimal id, width max({MIN_NAME_WIDTH}, digits of the
 def name_width(count: int) -> int:
     """Digits in the file names of a folder of `count` files: max(7, digits of the largest id)."""
     return max(MIN_NAME_WIDTH, len(str(count - 1))) if count > 0 else MIN_NAME_WIDTH
+
+
+MIN_PHASE_NAME_WIDTH = 3
+
+
+def phase_name_width(phases: int) -> int:
+    """Digits of a phase folder's name: max(3, digits of the last phase's index)."""
+    return max(MIN_PHASE_NAME_WIDTH, len(str(max(phases - 1, 0))))
 
 
 def rank_name_width(data_parallel_size: int) -> int:
@@ -132,6 +147,10 @@ KEY_PATH = "path"
 KEY_NAME_WIDTH = "name_width"
 KEY_TRAINING = "training"
 KEY_PHASES = "phases"  # a run in phases: {phase_mode, phases: [{phase, start_sample, end_sample, datasets}]}
+# ... and in it, under restart: phase_name_width, and per phase `splits` {valid, test: as KEY_SPLITS's
+# entries, with ranks_path, microbatches and evaluations}
+KEY_PHASE_NAME_WIDTH = "phase_name_width"
+KEY_EVALUATIONS = "evaluations"
 # ... and in the training section:
 KEY_DATA_PARALLEL_SIZE = "data_parallel_size"
 KEY_MICRO_BATCH_SIZE = "micro_batch_size"

@@ -12,12 +12,16 @@ from mmfs.errors import MountError, NativeError
 from mmfs.megatron.sampling.rankplan import native_plan, plan_splits
 from mmfs.mount.contract import (
     DOCUMENTS,
+    RANKS,
+    SAMPLES,
     SEQUENCES,
     XATTR_DATASET,
     XATTR_PHASE,
     XATTR_PIECES,
     XATTR_SAMPLES,
     dataset_dir,
+    phase_dir,
+    phase_name_width,
     rank_dir,
     rank_name_width,
     sample_dir,
@@ -26,8 +30,8 @@ from mmfs.mount.views import View
 from mmfs.native import error_detail, ffi, lib
 
 
-def sample_view(split_name: str, split: Any, mtime_ns: int) -> View:
-    """A split's samples in training order: `/<split>/samples`."""
+def sample_view(split_name: str, split: Any, mtime_ns: int, folder: str | None = None) -> View:
+    """A split's samples in training order: `/<split>/samples` (or `folder`)."""
 
     phased = getattr(split.indices, "phases", None) is not None
 
@@ -49,7 +53,8 @@ def sample_view(split_name: str, split: Any, mtime_ns: int) -> View:
         phase = f", phase {split.indices.phase_of(i)}" if phased else ""
         return f" (dataset {gpt.name}, its sample {k}{phase})"
 
-    return View(sample_dir(split_name), len(split), split.dtype, "split", split.c, mtime_ns,
+    return View(sample_dir(split_name) if folder is None else folder, len(split), split.dtype, "split", split.c,
+                mtime_ns,
                 file_tokens=split.sample_tokens,
                 xattr_names=(XATTR_DATASET, XATTR_PIECES) + ((XATTR_PHASE,) if phased else ()),
                 xattrs=xattrs, keep=split, describe_file=describe_file)
@@ -113,11 +118,36 @@ def declare_views(corpus: Any, dataset_mtimes: dict[str, int], mtime_ns: int) ->
     and sequences, each rank's micro-batches."""
     views = [sample_view(name, split, mtime_ns) for name, split in corpus.splits.items()]
     views += rank_views(corpus, mtime_ns)
+    views += phase_views(corpus, mtime_ns)
     sources = {id(s.dataset): s for s in corpus.sources.values()}
     for entry in corpus.datasets:
         _check_name(entry.name, "dataset name")
         source, m = sources[id(entry.dataset)], dataset_mtimes[entry.name]
         views += [document_view(entry.name, source, m), sequence_view(entry.name, source, m)]
+    return views
+
+
+def phase_views(corpus: Any, mtime_ns: int) -> list[View]:
+    """Under phase_mode restart: each phase's own valid and test, as its relaunch
+    builds them, `/<split>/phases/<phase>/samples` and (with a `training:` block)
+    `/<split>/phases/<phase>/ranks/<rank>`, as the split's own folders are."""
+    phases = corpus.phase_splits
+    width = phase_name_width(len(phases))
+    training = corpus.config.training
+    views = []
+    for k, own in enumerate(phases):
+        for name, split in own.items():
+            folder = phase_dir(name, k, width)
+            views.append(sample_view(name, split, mtime_ns, folder=f"{folder}/{SAMPLES}"))
+            if training is None:
+                continue
+            plan = plan_splits(training, {name: len(split)})[name]
+            if plan.files_per_rank == 0:
+                continue
+            plan_c = native_plan(plan, corpus.placer)
+            rank_width = rank_name_width(training.data_parallel_size)
+            views += [microbatch_view(name, split, plan, plan_c, rank, rank_width, mtime_ns, folder=f"{folder}/{RANKS}")
+                      for rank in range(training.data_parallel_size)]
     return views
 
 

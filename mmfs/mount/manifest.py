@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from mmfs import __version__
+from mmfs.megatron.phases.evaluations import eval_schedule
 from mmfs.megatron.phases.facts import describe_phases
 from mmfs.megatron.sampling.rankplan import plan_kind
 from mmfs.mount.contract import (
@@ -26,6 +27,7 @@ from mmfs.mount.contract import (
     KEY_NAME_WIDTH,
     KEY_PAD,
     KEY_PATH,
+    KEY_PHASE_NAME_WIDTH,
     KEY_PHASES,
     KEY_RANK_NAME_WIDTH,
     KEY_RANKS_PATH,
@@ -34,10 +36,14 @@ from mmfs.mount.contract import (
     KEY_SPLITS,
     KEY_TOKENS_PER_SAMPLE,
     KEY_TRAINING,
+    RANKS,
+    SAMPLES,
     SEQUENCES,
     XATTR_DOCS,
     dataset_dir,
     name_width,
+    phase_dir,
+    phase_name_width,
     rank_name_width,
     ranks_dir,
     sample_dir,
@@ -73,9 +79,30 @@ def manifest(corpus: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]
             training, info[KEY_SAMPLES], info[KEY_BYTES_PER_SAMPLE])
     train = corpus.indices.get("train")
     if getattr(train, "phases", None) is not None:
-        info[KEY_PHASES] = describe_phases(train)
+        info[KEY_PHASES] = describe_phases(train, eval_schedule(training, train.phases.train_samples))
+        if train.evals:
+            describe_phase_splits(info[KEY_PHASES], train.evals, training)
     info.update(extra or {})
     return info
+
+
+def describe_phase_splits(section: dict[str, Any], evals: list[dict[str, Any]], training: Any) -> None:
+    """Under restart, each phase's own valid and test in the `phases` section: what
+    `splits` says of a split, where the mount serves it, and its micro-batches."""
+    width = section[KEY_PHASE_NAME_WIDTH] = phase_name_width(len(evals))
+    for k, (phase, own) in enumerate(zip(section["phases"], evals)):
+        for name, s in own.items():
+            if len(s) == 0:
+                continue
+            folder = phase_dir(name, k, width).lstrip("/")
+            entry = phase[KEY_SPLITS][name]
+            entry.update(_split(name, s), **{KEY_PATH: f"{folder}/{SAMPLES}"})
+            if training is not None:
+                files = len(s) // (training.micro_batch_size * training.data_parallel_size)
+                entry[KEY_MICROBATCHES] = files
+                entry[KEY_MICROBATCH_NAME_WIDTH] = name_width(files)
+                if files > 0:
+                    entry[KEY_RANKS_PATH] = f"{folder}/{RANKS}"
 
 
 def describe_splits(corpus: Any) -> dict[str, dict[str, Any]]:

@@ -171,8 +171,9 @@ class Tree:
 
     @property
     def splits(self) -> dict[str, View]:
-        """Split name -> its samples view."""
-        return {v.path.split("/")[1]: v for v in self.registry.views if v.reader == "split"}
+        """Split name -> its samples view (not a restart phase's own: /valid/phases/...)."""
+        return {v.path.split("/")[1]: v for v in self.registry.views
+                if v.reader == "split" and v.path == sample_dir(v.path.split("/")[1])}
 
     # -- resolution -----------------------------------------------------------
 

@@ -33,8 +33,8 @@ CONTINUE_NOTE = [
     "phases left it, in its own Megatron order: nothing served twice until a dataset is used up.",
     "Megatron-LM has no flag for that; train on the mount with --dataloader-type external",
     "(examples/megatron_phases.py).",
-    "valid and test are the first phase's here; Megatron rebuilds them in each launch from that",
-    "phase's --data-path.",
+    "Megatron rebuilds valid and test in each launch from that phase's --data-path: the mount",
+    "serves each phase's own under valid/phases/ and test/phases/ (valid/ and test/ are the first's).",
 ]
 
 

@@ -3,7 +3,9 @@
 Per phase: where it starts (iteration, sample), and per dataset its weight, the
 share it realised, its draws, its position before and after the phase, how many
 samples of its GPTDataset are left, and how many of the phase's samples were
-served earlier in the run (under restart: what the relaunched phase reads again)."""
+served earlier in the run (under restart: what the relaunched phase reads again).
+Under restart, each phase's own valid and test too: their samples, what Megatron
+builds of them, and the evaluations its launch runs (docs/phases.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 
 from mmfs.errors import ConfigError
 from mmfs.megatron import open_corpus
+from mmfs.megatron.phases.evaluations import eval_schedule
 from mmfs.megatron.phases.facts import describe_phases, served_before
 
 
@@ -21,7 +24,7 @@ def phases_report(config_path: str) -> dict[str, Any]:
     if getattr(train, "phases", None) is None:
         raise ConfigError(f"{config_path}: phases: missing: the config has no `phases:` list "
                           "(see docs/phases.md)")
-    report = describe_phases(train)
+    report = describe_phases(train, eval_schedule(corpus.config.training, train.phases.train_samples))
     for phase, again in zip(report["phases"], served_before(corpus.splits["train"])):
         phase["served_before"] = again
     return report
@@ -40,7 +43,22 @@ def render(report: dict[str, Any]) -> str:
             position = f"{d['position_before']:,} -> {d['position_after']:,}"
             lines.append(f"  {d['name']:<24} {d['normalized_weight']:>8.4f} {d['share']:>8.4f} {d['draws']:>10,} "
                          f"{position:>21} {d['left']:>10,}")
+        for name, split in p.get("splits", {}).items():
+            lines.append(f"  {name}: {split['samples']:,} samples ({split['top_level']}), {_evaluated(split)}")
     return "\n".join(lines)
+
+
+def _evaluated(split: dict[str, Any]) -> str:
+    """What the phase's launch evaluates of its own valid or test split."""
+    e = split["evaluations"]
+    if e is None:
+        return "evaluations not known (give training.train_iters and eval_interval)"
+    if e["count"] == 0:
+        return "not evaluated by this launch"
+    first, last = e["after_iterations"]
+    after = f"after iteration {first:,}" if first == last else f"after iterations {first:,} to {last:,}"
+    lo, hi = e["consumed_samples"]
+    return f"{e['count']:,} evaluation(s) {after}, consumed_samples {lo:,} -> {hi:,}"
 
 
 def phases_command(args) -> int:

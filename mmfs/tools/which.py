@@ -17,9 +17,15 @@ next): Megatron's evaluate() reads a constant eval global batch per step
 
 In a run in phases (config `phases:`, docs/phases.md) the answer names the phase
 of the batch and of each train sample: the phase whose samples
-[start_sample, end_sample) of the run hold it.
+[start_sample, end_sample) of the run hold it. Under phase_mode restart each
+relaunch evaluates on its own valid and test (megatron/phases/evals.py): an
+evaluation step of valid is read by the launch that runs its evaluation, from
+that phase's valid, by the loader the launch built at its consumed_valid_samples
+(megatron/phases/evaluations.py); test is the last launch's, from 0.
 
---consumed C gives the global batch a job resumed at consumed_samples C reads: C
+--consumed C gives the global batch a job resumed at consumed_samples C reads (for
+valid under restart: a job of the launch that evaluates there, resumed at
+consumed_valid_samples C): C
 onwards, of the size the calculator gives for C (which under a schedule may
 differ from the size of the uninterrupted run's iteration around C), from
 Megatron's sampler rebuilt at C (rankplan.resumed_microbatch: the same samples as
@@ -36,9 +42,19 @@ import numpy as np
 
 from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
-from mmfs.megatron.sampling.rankplan import plan_ranks, resumed_microbatch, stream_microbatch
+from mmfs.megatron.phases.evaluations import eval_schedule, launch_of, valid_launches
+from mmfs.megatron.sampling.rankplan import microbatch_ids, plan_ranks, resumed_microbatch, stream_microbatch
 from mmfs.megatron.sampling.samplers import SamplerError
-from mmfs.mount.contract import MANIFEST, file_name, name_width, rank_dir, rank_name_width
+from mmfs.mount.contract import (
+    MANIFEST,
+    RANKS,
+    file_name,
+    name_width,
+    phase_dir,
+    phase_name_width,
+    rank_dir,
+    rank_name_width,
+)
 from mmfs.storage import StorageError
 from mmfs.storage.file import read_text_file
 from mmfs.text.tokenizer import BYTE_EOD, BYTE_LEVEL, HUGGING_FACE, TokenizerSpec
@@ -106,6 +122,12 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
     if microbatch is not None and not 0 <= microbatch < per_iteration:
         raise WhichError(f"--microbatch {microbatch}: an iteration has {per_iteration} micro-batches per rank")
     reader = corpus.splits[split]
+    launch = _eval_launch(corpus, split, start, consumed is not None) if corpus.phase_splits and split != "train" \
+        else None
+    phase_width = 0
+    if launch is not None:
+        reader = corpus.phase_splits[launch["phase"]][split]
+        phase_width = phase_name_width(len(corpus.phase_splits))
     plan = plan_ranks(len(reader), mbs, dp, t.dataloader_type, t.data_sharding)
     datasets = {d.name: d.dataset for d in corpus.datasets}
     phases = corpus.config.phases if split == "train" else None
@@ -115,6 +137,7 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
         "sampler": plan.kind, "data_parallel_size": dp, "micro_batch_size": mbs,
         "microbatches_per_iteration": per_iteration,
         **({} if phases is None else {"phases": _phases_of(phases, start, start + batch_size)}),
+        **({} if launch is None else {"phases": [launch]}),
         "ranks": [],
     }
     passes: dict = {}  # a resumed job's sampler passes, by consumed_samples
@@ -123,7 +146,11 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
         for k in micro:
             n = start // (mbs * dp) + k
             try:
-                if consumed is not None:  # a job resumed at C: Megatron's sampler rebuilt there
+                if launch is not None:  # the launch's loader, built at its consumed_samples
+                    at = launch["loader_consumed_samples"]
+                    found = resumed_microbatch(len(reader), mbs, dp, at, t.dataloader_type, t.data_sharding, r,
+                                               (start - at) // (mbs * dp) + k, passes)
+                elif consumed is not None:  # a job resumed at C: Megatron's sampler rebuilt there
                     found = resumed_microbatch(len(reader), mbs, dp, start, t.dataloader_type, t.data_sharding, r, k,
                                                passes)
                 else:
@@ -139,12 +166,60 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
             ids, epoch = found
             batches.append({
                 "microbatch": k, "stream_index": n, "epoch": epoch,
-                "file": f"{rank_dir(split, r, rank_name_width(dp)).lstrip('/')}/"
-                f"{file_name(n, name_width(plan.files_per_rank))}" if n < plan.files_per_rank else None,
-                "samples": [_sample(reader, datasets, int(i), decode, phases) for i in ids],
+                "file": _file(split, r, n, plan, ids, launch, phase_width),
+                "samples": [_sample(reader, datasets, int(i), decode, phases, launch) for i in ids],
             })
         out["ranks"].append({"rank": r, "microbatches": batches})
     return out
+
+
+def _file(split: str, rank: int, n: int, plan, ids, launch: dict | None, phase_width: int) -> str | None:
+    """The rank file of the mount that holds micro-batch n of the stream (under a
+    restart launch: of its phase's own split, when the file holds these very ids)."""
+    if n >= plan.files_per_rank:
+        return None
+    width = name_width(plan.files_per_rank)
+    if launch is None:
+        return f"{rank_dir(split, rank, rank_name_width(plan.data_parallel_size)).lstrip('/')}/{file_name(n, width)}"
+    if list(microbatch_ids(plan, rank, n)) != [int(i) for i in ids]:
+        return None
+    folder = phase_dir(split, launch["phase"], phase_width).lstrip("/")
+    return f"{folder}/{RANKS}/{rank:0{rank_name_width(plan.data_parallel_size)}d}/{file_name(n, width)}"
+
+
+def _eval_launch(corpus, split: str, start: int, resumed: bool) -> dict[str, Any]:
+    """Under phase_mode restart: the launch that reads valid or test at consumed_samples
+    `start`, its phase and where its loader starts (resumed: a job of that launch
+    resumed at `start`)."""
+    phases = corpus.config.phases
+    last = len(phases.phases) - 1
+    info: dict[str, Any] = {}
+    if split == "test":  # only the last launch evaluates test: the others exit at their transition first
+        k, at = last, 0
+    else:
+        t = corpus.config.training
+        schedule = eval_schedule(t, phases.train_samples)
+        starts = [p.start_iteration for p in phases.phases]
+        if schedule is None or None in starts:
+            raise WhichError(f"{corpus.config_path}: training.eval_interval: missing: under phase_mode restart each "
+                             "relaunch evaluates on its own valid split; give training.train_iters (or "
+                             "train_samples) and eval_interval to say which launch runs each evaluation")
+        evaluation = start // schedule.samples_per_evaluation if schedule.samples_per_evaluation else 0
+        if evaluation >= schedule.count:
+            raise WhichError(f"valid: consumed_samples {start} is past the run's {schedule.count} evaluations of "
+                             f"{schedule.eval_iters} steps of {schedule.batch_size} samples")
+        launch = launch_of(valid_launches(schedule, starts), evaluation)
+        k, at = launch.phase, launch.loader_start
+        info |= {"evaluation": evaluation + 1, "after_iteration": schedule.after_iteration(evaluation)}
+    if resumed:
+        at = start
+    if split not in corpus.phase_splits[k]:
+        raise WhichError(f"{corpus.config_path}: phases[{k}]: its {split} split has no samples")
+    p = phases.phases[k]
+    bounds = phases.bounds()[k]
+    return {"phase": k, "start_iteration": p.start_iteration, "start_sample": bounds[0], "end_sample": bounds[1],
+            "phase_mode": phases.mode, "datasets": {d.name: d.weight for d in p.blend.datasets},
+            "loader_consumed_samples": at, **info}
 
 
 def _global_batch(schedule, iteration: int | None, consumed: int | None,
@@ -174,7 +249,7 @@ def _phases_of(phases, first: int, end: int) -> list[dict[str, Any]]:
              "datasets": {d.name: d.weight for d in phases.phases[k].blend.datasets}} for k in hit]
 
 
-def _sample(reader, datasets: dict, i: int, decode, phases=None) -> dict[str, Any]:
+def _sample(reader, datasets: dict, i: int, decode, phases=None, launch: dict | None = None) -> dict[str, Any]:
     name, pieces = reader.provenance(i)
     dataset = datasets[name]
     start = 0
@@ -189,6 +264,8 @@ def _sample(reader, datasets: dict, i: int, decode, phases=None) -> dict[str, An
     out = {"sample": i, "dataset": name, "pieces": rows}
     if phases is not None:
         out["phase"] = phases.phase_of(i)
+    elif launch is not None:  # a sample of that phase's own valid or test
+        out["phase"] = launch["phase"]
     return out
 
 
@@ -227,6 +304,11 @@ def _print_text(result: dict[str, Any]) -> None:
         weights = ", ".join(f"{name} {w:g}" for name, w in p["datasets"].items())
         print(f"phase {p['phase']} ({start}samples {p['start_sample']}..{p['end_sample']}, "
               f"{p['phase_mode']}): {weights}")
+        if "loader_consumed_samples" in p:
+            what = f"evaluation {p['evaluation']} (after iteration {p['after_iteration']}), " \
+                if "evaluation" in p else ""
+            print(f"  {what}read from phase {p['phase']}'s own {result['split']} split by its launch's loader, "
+                  f"built at consumed_samples {p['loader_consumed_samples']}")
     for r in result["ranks"]:
         for b in r["microbatches"]:
             where = f", epoch {b['epoch']}" if b["epoch"] else ""

@@ -86,7 +86,7 @@ class LaunchEvaluations:
         return self.end - self.first
 
     def as_dict(self) -> dict[str, Any]:
-        return {"evaluations": self.count, "after_iterations": list(self.after_iterations),
+        return {"count": self.count, "after_iterations": list(self.after_iterations),
                 "loader_consumed_samples": self.loader_start, "consumed_samples": [self.read_start, self.read_end]}
 
 

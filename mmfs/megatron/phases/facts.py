@@ -1,6 +1,7 @@
 """What each phase of a run drew: the facts mmfs.json's `phases` section and
 `mmfs phases` give (per phase: where it starts, each dataset's weight, draws,
-realised share, position, what is left, and samples served again)."""
+realised share, position, what is left, and samples served again; under restart
+its own valid and test and the evaluations its launch runs on them)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ from typing import Any
 
 import numpy as np
 
+from mmfs.megatron.phases.evaluations import EvalSchedule, test_launches, valid_launches
 
-def describe_phases(split: Any) -> dict[str, Any]:
-    """split: a PhasedSplit (megatron/phases/build.py)."""
+
+def describe_phases(split: Any, schedule: EvalSchedule | None = None) -> dict[str, Any]:
+    """split: a PhasedSplit (megatron/phases/build.py); schedule: the run's
+    evaluations (evaluations.eval_schedule), which say what each restart launch
+    evaluates."""
     phases = split.phases
     positions = split.positions
+    evals = describe_evals(split, schedule)
     out = []
     for k, (p, s) in enumerate(zip(phases.phases, split.slices)):
         rows = []
@@ -42,8 +48,36 @@ def describe_phases(split: Any) -> dict[str, Any]:
             # what Megatron builds for the phase's arguments: a bare prefix is the GPTDataset itself
             "megatron_dataset": "GPTDataset" if p.bare else "BlendedDataset",
             "datasets": rows,
+            **({"splits": evals[k]} if evals else {}),
         })
     return {"phase_mode": phases.mode, "phases": out}
+
+
+def describe_evals(split: Any, schedule: EvalSchedule | None) -> list[dict[str, Any]]:
+    """Under restart, per phase {valid, test: its own split's samples, top-level
+    dataset, each dataset's draws and share, and the evaluations its launch runs
+    on it (None when the schedule is not known)}; [] under continue."""
+    if not split.evals:
+        return []
+    starts = [p.start_iteration for p in split.phases.phases]
+    launches = {}
+    if schedule is not None and None not in starts:
+        launches = {"valid": valid_launches(schedule, starts), "test": test_launches(schedule, len(starts))}
+    out = []
+    for k, own in enumerate(split.evals):
+        out.append({name: {**_eval_split(s), "evaluations": launches[name][k].as_dict() if launches else None}
+                    for name, s in own.items() if len(s) > 0})
+    return out
+
+
+def _eval_split(s: Any) -> dict[str, Any]:
+    if s.blend is None:
+        draws = [len(s)]
+    else:
+        draws = np.bincount(np.asarray(s.blend.dataset_index), minlength=len(s.gpts)).tolist()
+    return {"samples": len(s), "top_level": "GPTDataset" if s.blend is None else "BlendedDataset",
+            "datasets": [{"name": g.spec.name, "draws": int(n), "share": n / len(s) if len(s) else 0.0}
+                         for g, n in zip(s.gpts, draws)]}
 
 
 def served_before(reader: Any) -> list[int]:

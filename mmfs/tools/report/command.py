@@ -22,7 +22,15 @@ from mmfs.megatron import open_corpus
 from mmfs.megatron.indices.mix import dataset_of, epochs_in_index, gpt_samples, sample_cuts, sequence_lengths
 from mmfs.megatron.indices.splits import normalize
 from mmfs.megatron.sampling.rankplan import plan_ranks, rank_of_position, stream_order
-from mmfs.tools.report.phases import dataset_groups, is_phased, merge_rows, phase_bands, phase_figures, run_weights
+from mmfs.tools.report.phases import (
+    dataset_groups,
+    is_phased,
+    merge_rows,
+    phase_bands,
+    phase_figures,
+    phase_split_figures,
+    run_weights,
+)
 from mmfs.tools.report.warnings import blend_warnings
 
 MAX_WINDOWS = 100  # points of the mix chart
@@ -48,6 +56,10 @@ def figures(corpus, iterations: list[int] | None = None, browser: bool = True) -
     lengths = {e.name: sequence_lengths(e.dataset) for e in corpus.datasets}
     splits = {name: _split(corpus, name, corpus.indices[name], lengths)
               for name in SPLITS if name in corpus.indices and len(corpus.indices[name]) > 0}
+    # under restart: each phase's own valid and test, as its relaunch builds them
+    for name, own in phase_split_figures(corpus, lambda n, s: _split(corpus, n, s, lengths)).items():
+        if name in splits:
+            splits[name]["by_phase"] = own
     out: dict[str, Any] = {
         "mmfs_version": __version__,
         "config": os.path.abspath(str(corpus.config_path)),
@@ -149,7 +161,7 @@ def _split(corpus, name: str, indices, lengths: dict[str, np.ndarray]) -> dict[s
         "ranks": None if plan is None else _ranks(plan, which, datasets, drawn),
     }
     if phased:
-        out["phases"] = phase_figures(indices, corpus.splits[name], groups, schedule)
+        out["phases"] = phase_figures(indices, corpus.splits[name], groups, schedule, t)
         bands += phase_bands(out["phases"], run)
     return out
 

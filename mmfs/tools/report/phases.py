@@ -7,8 +7,9 @@ The report shows one row, and one series, per dataset across the whole run
 the run (each phase's weight times the samples of the phase the run reads), and per
 phase what mmfs.json's `phases` section says (mmfs.megatron.phases.facts: weights,
 draws, realised shares, positions) with the samples of the phase served earlier in
-the run. Nothing here computes an index: the draws and positions are the phased
-split's own."""
+the run. Under restart each phase's own valid and test get the figures of a split,
+with the evaluations its launch runs on them. Nothing here computes an index: the
+draws and positions are the phased split's own."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from mmfs.megatron.phases.facts import describe_phases, served_before
+from mmfs.megatron.phases.evaluations import eval_schedule
+from mmfs.megatron.phases.facts import describe_evals, describe_phases, served_before
 
 # Samples served earlier in the run are found by walking every train sample (phases.facts.served_before,
 # about 15 us each): past this many the report leaves them uncounted and says so.
@@ -76,12 +78,13 @@ def _add(a: list[int], b: list[int]) -> list[int]:
     return [(a[k] if k < len(a) else 0) + (b[k] if k < len(b) else 0) for k in range(n)]
 
 
-def phase_figures(indices, reader, groups: np.ndarray, schedule) -> dict[str, Any]:
+def phase_figures(indices, reader, groups: np.ndarray, schedule, training=None) -> dict[str, Any]:
     """mmfs.json's `phases` section, each phase with its first and last iteration
     (under a batch size), the samples of it served earlier in the run, and each
     dataset's number in the report's rows; and each dataset's draws per phase and
-    (under continue) its position as each phase starts and at the end."""
-    figs = describe_phases(indices)
+    (under continue) its position as each phase starts and at the end. training:
+    the config's TrainingConfig, for the evaluations of each restart launch."""
+    figs = describe_phases(indices, eval_schedule(training, indices.phases.train_samples))
     total = indices.slices[-1].end
     if total <= SERVED_COUNTED_UP_TO:
         served = served_before(reader)
@@ -102,6 +105,22 @@ def phase_figures(indices, reader, groups: np.ndarray, schedule) -> dict[str, An
     if figs["phase_mode"] == "continue":  # one GPTDataset per dataset: its position is the dataset's
         figs["positions"] = indices.positions.tolist()  # [phase boundary][dataset]
     return figs
+
+
+def phase_split_figures(corpus, figure) -> dict[str, list[dict[str, Any]]]:
+    """Under restart, per split (valid, test), each phase's own: {phase, the
+    evaluations its launch runs on it, and figure(split name, its indices), the
+    figures of a split}. {} under continue."""
+    train = corpus.indices.get("train")
+    if not corpus.phase_splits or train is None:
+        return {}
+    facts = describe_evals(train, eval_schedule(corpus.config.training, train.phases.train_samples))
+    out: dict[str, list[dict[str, Any]]] = {}
+    for k, (own, said) in enumerate(zip(corpus.phase_splits, facts)):
+        for name, reader in own.items():
+            out.setdefault(name, []).append({"phase": k, "evaluations": said[name]["evaluations"],
+                                             **figure(name, reader.indices)})
+    return out
 
 
 def phase_bands(figs: dict[str, Any], run: dict[str, Any]) -> list[dict[str, Any]]:
