@@ -81,13 +81,16 @@ def test_which_reads_each_evaluation_as_the_relaunches_do(folders, name, layout)
             assert [p["phase"] for p in found["phases"]] == [phase], (split, step)
             assert {s["phase"] for r in found["ranks"] for b in r["microbatches"] for s in b["samples"]} == {phase}
             assert _ids(found) == expected, (split, step)
+            at = found["consumed_samples"][0]
             if split == "valid":
                 assert found["phases"][0]["loader_consumed_samples"] == starts[phase]
                 # a job of that launch resumed where the step starts reads it too (Megatron's
                 # sampler rebuilt there is the same, but after an unsharded epoch's drift)
-                if found["consumed_samples"][0] == starts[phase]:
-                    again = which_in(corpus, None, split, consumed=found["consumed_samples"][0])
-                    assert _ids(again) == expected
+                if at == starts[phase]:
+                    assert _ids(which_in(corpus, None, split, consumed=at)) == expected
+            else:  # test's loader starts at 0, resumed or not
+                assert found["phases"][0]["loader_consumed_samples"] == 0
+                assert _ids(which_in(corpus, None, split, consumed=at)) == expected
     # past the run's evaluations: one line
     with pytest.raises(Exception, match="past the run's"):
         which_in(corpus, len(reads["valid"]) + 1, "valid")
@@ -172,3 +175,31 @@ def test_the_mount_serves_each_phases_valid_and_test(folders, tmp_path):
                     held = os.getxattr(m.path / b["file"], "user.mmfs.samples").decode().split()
                     assert list(map(int, held)) == ids
         assert sorted(os.listdir(m.path / "valid")) == ["phases", "ranks", "samples", "streams"]
+
+
+def test_mmfs_phases_and_the_report_show_each_phases_valid_and_test(folders):
+    name = "single_weighted_first_phase"
+    path = config(folders(name), name)
+    out = mmfs("phases", path)
+    assert out.returncode == 0, out.stderr
+    lines = [line.strip() for line in out.stdout.splitlines() if line.strip().startswith(("valid:", "test:"))]
+    # evaluations after iterations 30 and 60 (train_iters 63, eval_interval 30) and once more after 63:
+    # phase 0 (iterations 1-35) runs the first, phase 1 (36-50) none, phase 2 the rest, then test
+    assert lines == [
+        "valid: 30 samples (BlendedDataset), 1 evaluation(s) after iteration 30, consumed_samples 0 -> 10",
+        "test: 10 samples (BlendedDataset), not evaluated by this launch",
+        "valid: 30 samples (BlendedDataset), not evaluated by this launch",
+        "test: 10 samples (BlendedDataset), not evaluated by this launch",
+        "valid: 31 samples (BlendedDataset), 2 evaluation(s) after iterations 60 to 63, consumed_samples 10 -> 30",
+        "test: 11 samples (BlendedDataset), 1 evaluation(s) after iteration 63, consumed_samples 0 -> 10",
+    ]
+    from mmfs.tools.report.command import figures
+
+    figs = figures(open_corpus(path, progress=False), browser=False)
+    facts = [p["splits"] for p in figs["splits"]["train"]["phases"]["phases"]]
+    for split in ("valid", "test"):
+        own = figs["splits"][split]["by_phase"]
+        assert [p["phase"] for p in own] == [0, 1, 2]
+        assert [p["samples"] for p in own] == [len(p[split]) for p in REFERENCE[name]["per_phase"]]
+        assert [p["evaluations"] for p in own] == [f[split]["evaluations"] for f in facts]
+        assert [sum(d["samples"] for d in p["datasets"]) for p in own] == [p["run"]["samples"] for p in own]

@@ -189,13 +189,13 @@ def _file(split: str, rank: int, n: int, plan, ids, launch: dict | None, phase_w
 
 def _eval_launch(corpus, split: str, start: int, resumed: bool) -> dict[str, Any]:
     """Under phase_mode restart: the launch that reads valid or test at consumed_samples
-    `start`, its phase and where its loader starts (resumed: a job of that launch
-    resumed at `start`)."""
+    `start`, its phase and where its loader starts (resumed: for valid, a job of that
+    launch resumed at `start`; test's loader always starts at 0)."""
     phases = corpus.config.phases
     last = len(phases.phases) - 1
     info: dict[str, Any] = {}
-    if split == "test":  # only the last launch evaluates test: the others exit at their transition first
-        k, at = last, 0
+    if split == "test":  # only the last launch evaluates test (the others exit at their transition first),
+        k, at = last, 0  # its loader built at 0 (Megatron's, resumed or not)
     else:
         t = corpus.config.training
         schedule = eval_schedule(t, phases.train_samples)
@@ -209,10 +209,8 @@ def _eval_launch(corpus, split: str, start: int, resumed: bool) -> dict[str, Any
             raise WhichError(f"valid: consumed_samples {start} is past the run's {schedule.count} evaluations of "
                              f"{schedule.eval_iters} steps of {schedule.batch_size} samples")
         launch = launch_of(valid_launches(schedule, starts), evaluation)
-        k, at = launch.phase, launch.loader_start
+        k, at = launch.phase, start if resumed else launch.loader_start
         info |= {"evaluation": evaluation + 1, "after_iteration": schedule.after_iteration(evaluation)}
-    if resumed:
-        at = start
     if split not in corpus.phase_splits[k]:
         raise WhichError(f"{corpus.config_path}: phases[{k}]: its {split} split has no samples")
     p = phases.phases[k]
