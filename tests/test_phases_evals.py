@@ -203,3 +203,23 @@ def test_mmfs_phases_and_the_report_show_each_phases_valid_and_test(folders):
         assert [p["samples"] for p in own] == [len(p[split]) for p in REFERENCE[name]["per_phase"]]
         assert [p["evaluations"] for p in own] == [f[split]["evaluations"] for f in facts]
         assert [sum(d["samples"] for d in p["datasets"]) for p in own] == [p["run"]["samples"] for p in own]
+
+
+def test_a_moved_transition_fails_the_recorded_reads(folders, tmp_path):
+    """Negative control: the phases of the recording one iteration earlier (24, not 25:
+    the evaluation after iteration 25 is then the second launch's) read other samples."""
+    name, layout = "two_datasets_weights_swap", "single,dp=2,mbs=2"
+    case = REFERENCE[name]
+    path = Path(config(tmp_path, name, layout))
+    raw = yaml.safe_load(path.read_text())
+    raw["phases"][1]["start_iteration"] = 24
+    path.write_text(yaml.safe_dump(raw))
+    corpus = open_corpus(str(path), progress=False)
+
+    def read(phase: int, ids: list) -> list:  # the digests of what a step reads
+        return [case["per_phase"][phase]["valid"][i] for rank in ids for batch in rank for i in batch]
+
+    expected = [read(phase, ids) for phase, ids in case["reads"][layout]["valid"]]
+    found = [which_in(corpus, step, "valid") for step in range(1, len(expected) + 1)]
+    got = [read(f["phases"][0]["phase"], _ids(f)) for f in found]
+    assert got[2:] == expected[2:] and got[:2] != expected[:2]

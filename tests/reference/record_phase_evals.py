@@ -52,7 +52,8 @@ import record_phases  # noqa: E402  (its cases, its Megatron loader, its digest)
 OUT = HERE / "phase_evals.json"
 SAMPLERS = {"single": ("single", True), "sharded": ("cyclic", True), "unsharded": ("cyclic", False)}
 # (dp, mbs) layouts per global batch size
-LAYOUTS = {8: [(2, 2), (4, 1)], 10: [(5, 1), (2, 5)], 12: [(3, 2), (2, 3)], 16: [(4, 2), (8, 1)]}
+LAYOUTS = {8: [(1, 4), (2, 2), (4, 1)], 10: [(1, 5), (5, 1), (2, 5)], 12: [(1, 6), (3, 2), (2, 3), (6, 1)],
+           16: [(1, 8), (4, 2), (8, 1)]}
 # Evaluations every few iterations, several per phase: a transition at an evaluation
 # (8), one between two (13), a phase with no evaluation (iteration 14 alone), a bare prefix.
 EXTRA = {
