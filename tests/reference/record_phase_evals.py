@@ -23,7 +23,8 @@ datasets (as that launch builds them) and Megatron's sizes; per sampler (single,
 cyclic sharded, cyclic unsharded) and (dp, mbs) layout, each launch's
 consumed_valid_samples when it builds its loaders, and per evaluation step of the
 run the launch's phase and each rank's micro-batches (sample ids of that phase's
-valid or test dataset).
+valid or test dataset: what its DataLoader's batch_sampler yields, which the
+DataLoader reads).
 
 A sample's digest: the first 16 hex digits of sha256 of its tokens as int64 and
 its last label (record_phases.py's).

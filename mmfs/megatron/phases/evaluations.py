@@ -70,14 +70,13 @@ def eval_schedule(training: Any, train_samples: int | None) -> EvalSchedule | No
 @dataclass(frozen=True)
 class LaunchEvaluations:
     """What launch `phase` of a restart run evaluates of one split: evaluations
-    [first, end) of the run's (0-based), its loader built at consumed_samples
-    `loader_start`; reading [read_start, read_end) of the split's stream."""
+    [first, end) of the run's (0-based), with its loader built at consumed_samples
+    `loader_start`, reading [loader_start, read_end) of the split's stream."""
 
     phase: int
     first: int
     end: int
     loader_start: int
-    read_start: int
     read_end: int
     after_iterations: tuple[int, ...]  # the first and last iteration it evaluates after (empty: none)
 
@@ -87,7 +86,7 @@ class LaunchEvaluations:
 
     def as_dict(self) -> dict[str, Any]:
         return {"count": self.count, "after_iterations": list(self.after_iterations),
-                "loader_consumed_samples": self.loader_start, "consumed_samples": [self.read_start, self.read_end]}
+                "loader_consumed_samples": self.loader_start, "consumed_samples": [self.loader_start, self.read_end]}
 
 
 def valid_launches(schedule: EvalSchedule, starts: list[int]) -> list[LaunchEvaluations]:
@@ -99,7 +98,7 @@ def valid_launches(schedule: EvalSchedule, starts: list[int]) -> list[LaunchEval
         first = schedule.done_after(s)
         end = schedule.done_after(starts[k + 1]) if k + 1 < len(starts) else schedule.count
         ends = (schedule.after_iteration(first), schedule.after_iteration(end - 1)) if end > first else ()
-        out.append(LaunchEvaluations(k, first, end, first * step, first * step, end * step, ends))
+        out.append(LaunchEvaluations(k, first, end, first * step, end * step, ends))
     return out
 
 
@@ -107,9 +106,9 @@ def test_launches(schedule: EvalSchedule, phases: int) -> list[LaunchEvaluations
     """Per launch, its test evaluation: only the last launch's, from consumed_samples
     0 (the others exit at their transition before it)."""
     count = 1 if schedule.eval_iters > 0 else 0
-    out = [LaunchEvaluations(k, 0, 0, 0, 0, 0, ()) for k in range(phases - 1)]
+    out = [LaunchEvaluations(k, 0, 0, 0, 0, ()) for k in range(phases - 1)]
     after = (schedule.train_iters, schedule.train_iters) if count else ()
-    out.append(LaunchEvaluations(phases - 1, 0, count, 0, 0, count * schedule.samples_per_evaluation, after))
+    out.append(LaunchEvaluations(phases - 1, 0, count, 0, count * schedule.samples_per_evaluation, after))
     return out
 
 
