@@ -150,7 +150,6 @@ KEY_PHASES = "phases"  # a run in phases: {phase_mode, phases: [{phase, start_sa
 # ... and in it, under restart: phase_name_width, and per phase `splits` {valid, test: as KEY_SPLITS's
 # entries, with ranks_path, microbatches and evaluations}
 KEY_PHASE_NAME_WIDTH = "phase_name_width"
-KEY_EVALUATIONS = "evaluations"
 # ... and in the training section:
 KEY_DATA_PARALLEL_SIZE = "data_parallel_size"
 KEY_MICRO_BATCH_SIZE = "micro_batch_size"
