@@ -46,6 +46,12 @@ class LoaderError(MmfsError):
     """The mount (or the question asked of it) does not fit: one line, what to do."""
 
 
+# In a plain folder copy of some of a mount's files (for a machine without FUSE, see
+# mmfs/adapters/megatron_copy.py): the extended attributes those files had on the
+# mount, {path relative to the folder: {name: value}}, read where a file has none.
+COPIED_ATTRIBUTES = "mmfs-attributes.json"
+
+
 FLAGS = ("eod_mask_loss", "reset_position_ids", "reset_attention_mask", "create_attention_mask",
          "inter_document_masking")
 
@@ -91,6 +97,7 @@ class Mount:
         # a run in phases (docs/phases.md): each phase's [start_sample, end_sample) of train
         self.phases: dict[str, Any] | None = info.get(contract.KEY_PHASES)
         self._phase_starts = [int(p["start_sample"]) for p in self.phases["phases"]] if self.phases else []
+        self._copied = _copied_attributes(self.path)  # None for a mount
 
     # -- samples ----------------------------------------------------------------
 
@@ -121,7 +128,7 @@ class Mount:
 
     def pieces(self, split: str, i: int) -> list[tuple[int, int, int]]:
         """(sequence, offset, length) of each piece sample i was cut from."""
-        text = _xattr(self.sample_path(split, i), contract.XATTR_PIECES)
+        text = self.attribute(self.sample_path(split, i), contract.XATTR_PIECES)
         return [tuple(int(x) for x in p.split(":")) for p in text.split()]
 
     def megatron_item(self, split: str, i: int, *, eod_mask_loss: bool = False, reset_position_ids: bool = False,
@@ -171,7 +178,8 @@ class Mount:
 
     def microbatch_samples(self, split: str, rank: int, j: int) -> list[int]:
         """The sample ids (of the split) in micro-batch j of `rank`."""
-        return [int(x) for x in _xattr(self.microbatch_path(split, rank, j), contract.XATTR_SAMPLES).split()]
+        ids = self.attribute(self.microbatch_path(split, rank, j), contract.XATTR_SAMPLES)
+        return [int(x) for x in ids.split()]
 
     def _first_microbatch(self, split: str, rank: int, consumed_samples: int) -> int:
         t = self._training()
@@ -255,7 +263,7 @@ class Mount:
         plus `sample_ids`, and in a run in phases the `phase` of each train sample."""
         _check_flags(flags)
         raw = np.frombuffer(_read(path), dtype=self.dtype).reshape(-1, self.tokens_per_sample)
-        ids = [int(x) for x in _xattr(path, contract.XATTR_SAMPLES).split()]
+        ids = [int(x) for x in self.attribute(path, contract.XATTR_SAMPLES).split()]
         if len(ids) != raw.shape[0]:
             raise LoaderError(f"{path}: {raw.shape[0]} samples but {len(ids)} ids in {contract.XATTR_SAMPLES}")
         split = os.path.relpath(path, self.path).split(os.sep)[0]
@@ -264,6 +272,17 @@ class Mount:
         if split == "train" and self._phase_starts:
             batch["phase"] = np.asarray([self.phase(split, i) for i in ids], dtype=np.int64)
         return batch
+
+    def attribute(self, path: str, name: str) -> str:
+        """An extended attribute of a file of the mount (of a plain copy: from its
+        mmfs-attributes.json where the file has none)."""
+        try:
+            return os.getxattr(path, name).decode()
+        except OSError as exc:
+            copied = (self._copied or {}).get(os.path.relpath(path, self.path), {}).get(name)
+            if copied is not None:
+                return copied
+            raise LoaderError(f"{path}: cannot read its {name} attribute: {exc.strerror or exc}") from None
 
     # -- GPTDataset.__getitem__, for a stack of samples ---------------------------------
 
@@ -358,8 +377,15 @@ def _read(path: str) -> bytearray:
         raise LoaderError(f"{path}: cannot read it: {exc.strerror or exc}") from None
 
 
-def _xattr(path: str, name: str) -> str:
+def _copied_attributes(folder: str) -> dict[str, dict[str, str]] | None:
+    path = os.path.join(folder, COPIED_ATTRIBUTES)
     try:
-        return os.getxattr(path, name).decode()
-    except OSError as exc:
-        raise LoaderError(f"{path}: cannot read its {name} attribute: {exc.strerror or exc}") from None
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise LoaderError(f"{path}: cannot read it: {exc}") from None
+    if not isinstance(table, dict):
+        raise LoaderError(f"{path}: not a mapping of file paths to their attributes; copy the folder again")
+    return table

@@ -32,7 +32,7 @@ CONTINUE_NOTE = [
     "phase_mode: continue (mmfs's default) would go on in each dataset from where the earlier",
     "phases left it, in its own Megatron order: nothing served twice until a dataset is used up.",
     "Megatron-LM has no flag for that; train on the mount with --dataloader-type external",
-    "(examples/megatron_phases.py).",
+    "(mmfs.adapters.megatron, docs/megatron.md).",
     "Megatron rebuilds valid and test in each launch from that phase's --data-path: the mount",
     "serves each phase's own under valid/phases/ and test/phases/ (valid/ and test/ are the first's).",
 ]

@@ -1,0 +1,68 @@
+"""The files a Megatron-LM job reads from a mount, copied into a plain folder, for a
+machine where FUSE cannot run (a container without /dev/fuse): mount on a machine
+that can, copy, bring the folder, and point the provider at it. The provider reads
+the copy the same way (mmfs.loader.Mount takes a folder of a mount's files).
+
+    copy_job_files("/mnt/data", "run-files", data_parallel_size=8,
+                   reads={"train": (4, 0, 1000), "valid": (4, 0, 40)})   # split: (mbs, from, micro-batches)
+
+The copy holds mmfs.json, each rank's micro-batch files of the streams the job reads
+(`<split>/streams/dp=D,mbs=M,from=C/RRR/NNNNNNN.bin`, as many as it reads), and
+mmfs-attributes.json, the extended attributes the loader reads that a copy may lose
+(`user.mmfs.samples` of each micro-batch file, `user.mmfs.pieces` of each of their
+samples). A job that reads further than the copy finds no more files.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+from collections.abc import Iterable
+
+from mmfs.adapters.megatron import rank_stream_files
+from mmfs.loader import COPIED_ATTRIBUTES, Mount
+from mmfs.mount import contract
+
+
+def copy_job_files(mount_path: str | os.PathLike, dest: str | os.PathLike, data_parallel_size: int,
+                   reads: dict[str, tuple[int, int, int]]) -> dict[str, int]:
+    """Copy what every data-parallel rank reads of each split: reads[split] =
+    (micro_batch_size, consumed_samples it starts at, micro-batches per rank).
+    Returns the files and bytes copied."""
+    mount = Mount(mount_path)
+    paths: list[str] = []
+    for split, (mbs, consumed, count) in reads.items():
+        for rank in range(data_parallel_size):
+            files = rank_stream_files(mount, split, rank, data_parallel_size, mbs, consumed)
+            paths.extend(itertools.islice(files, count))
+    return copy_files(mount, dest, paths)
+
+
+def copy_files(mount: Mount, dest: str | os.PathLike, paths: Iterable[str]) -> dict[str, int]:
+    """Copy micro-batch files of `mount` (with mmfs.json) to `dest`, keeping their
+    paths, and write their attributes and their samples' pieces beside them."""
+    dest = os.fspath(dest)
+    os.makedirs(dest, exist_ok=True)
+    shutil.copyfile(os.path.join(mount.path, contract.MANIFEST), os.path.join(dest, contract.MANIFEST))
+    attributes: dict[str, dict[str, str]] = {}
+    copied = size = 0
+    for path in paths:
+        rel = os.path.relpath(path, mount.path)
+        target = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(path, target)
+        copied += 1
+        size += os.path.getsize(target)
+        samples = mount.attribute(path, contract.XATTR_SAMPLES)
+        attributes[rel] = {contract.XATTR_SAMPLES: samples}
+        split = rel.split(os.sep)[0]
+        for i in samples.split():
+            sample = mount.sample_path(split, int(i))
+            key = os.path.relpath(sample, mount.path)
+            if key not in attributes:
+                attributes[key] = {contract.XATTR_PIECES: mount.attribute(sample, contract.XATTR_PIECES)}
+    with open(os.path.join(dest, COPIED_ATTRIBUTES), "w", encoding="utf-8") as f:
+        json.dump(attributes, f, sort_keys=True)
+    return {"files": copied, "bytes": size}
