@@ -134,6 +134,21 @@ def test_torch_stream_of_the_cyclic_sampler(tmp_path):
         assert _ids(itertools.islice(stream.batches(num_workers=2), n)) == golden["2"]
 
 
+def test_torch_stream_of_the_unsharded_cyclic_sampler_goes_on_from_the_rank_s_own_count(tmp_path):
+    """p3's 643 samples on 4 ranks of 1, from 624: ranks 0-2 read 5 more of epoch 0 and
+    go on from 644, rank 3 reads 4 and goes on from 640, as each rank's sampler counts."""
+    _torch()
+    from mmfs.adapters.torch import RankStream
+    from mmfs.megatron.sampling.samplers import training_stream
+
+    training = {"data_parallel_size": 4, "micro_batch_size": 1, "dataloader_type": "cyclic", "data_sharding": False}
+    with _mounted_case(tmp_path, "p3_multi_epoch_i32", training) as m:
+        for rank in (0, 3):
+            stream = RankStream(Mount(m.path), "train", rank=rank, consumed_samples=624)
+            want = list(itertools.islice(training_stream("cyclic", 643, 624, 1, rank, 4, False), 8))
+            assert _ids(itertools.islice(stream.batches(), 8)) == want
+
+
 def test_torch_example_resumes_on_another_data_parallel_size(tmp_path):
     _torch()
     example = Path(__file__).resolve().parent.parent / "examples" / "torch_train.py"

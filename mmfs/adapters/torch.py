@@ -97,7 +97,9 @@ class RankStream(torch.utils.data.IterableDataset):
             yield files
             if self.dataloader_type != "cyclic" or not files:
                 return
-            consumed += len(self._files(0, consumed)) * self.step  # the next epoch's first sample
+            # the rank's own sampler count (Megatron's cyclic sampler counts per rank: in an
+            # unsharded pass that does not divide, ranks end it apart)
+            consumed += len(files) * self.step
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = torch.utils.data.get_worker_info()
