@@ -358,6 +358,9 @@ def training_block(values: dict, environ: dict, comments: list[str]) -> dict[str
     training: dict[str, Any] = {"data_parallel_size": data_parallel_size(values, environ, comments),
                                 "micro_batch_size": mbs}
     kind = values.get("--dataloader-type", "single")
+    if kind == "external":
+        raise MegatronArgsError("--dataloader-type: external is how a job reads the mount (docs/megatron.md); give "
+                                "the line with the sampler it replaces (single, Megatron's default, or cyclic)")
     if kind not in ("single", "cyclic"):
         raise MegatronArgsError(f"--dataloader-type: {kind}: mmfs serves Megatron's single and cyclic samplers")
     training["dataloader_type"] = kind
