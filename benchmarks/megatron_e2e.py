@@ -51,7 +51,7 @@ MODEL = ("--num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-
          "--lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --weight-decay 0.01 --clip-grad 1.0 "
          "--init-method-std 0.02 --hidden-dropout 0 --attention-dropout 0 --seed 1234 "
          "--tokenizer-type NullTokenizer --vocab-size 257 "
-         "--transformer-impl local --attention-backend local --deterministic-mode --no-gradient-accumulation-fusion "
+         "--transformer-impl local --deterministic-mode --no-gradient-accumulation-fusion "
          "--no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-fusion --no-persist-layer-norm "
          "--log-interval 1 --eval-interval 25 --eval-iters 2 --num-workers 0 --ckpt-format torch")
 DATA0 = "--data-path 0.7 data/stdlib_code 0.3 data/stdlib_prose --split 98,1,1"
@@ -69,7 +69,7 @@ VARIANTS = {
 def megatron_runs(variant: str) -> list[list[str]]:
     """Megatron's own loader: each launch's arguments (phases: saved and relaunched)."""
     lines = VARIANTS[variant]
-    ckpt = ["--save", "ckpt-megatron", "--load", "ckpt-megatron"] if len(lines) > 1 else []
+    ckpt = ["--save", "ckpt-megatron", "--load", "ckpt-megatron", "--save-interval", "1000"] if len(lines) > 1 else []
     return [shlex.split(line) + ["--data-cache-path", "cache-megatron"] + ckpt for line in lines]
 
 

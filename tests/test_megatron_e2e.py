@@ -35,7 +35,7 @@ def _e2e():
 
 
 DATA_FLAGS = {"--data-path", "--split", "--data-cache-path", "--dataloader-type", "--phase-transition-iterations",
-              "--save", "--load"}
+              "--save", "--load", "--save-interval"}
 
 
 def _flags(words: list[str]) -> dict[str, list[str]]:
