@@ -49,14 +49,24 @@ def run_nodes(work: Path, server: MotoServer, config: Path, ranks: dict[str, lis
             text = node.wait_mounted()
             out[name] = {"mount_s": time.perf_counter() - start, "indices": summary(text)}
         reads: dict = {}
-        threads = [threading.Thread(target=lambda n=name: reads.__setitem__(
-            n, read_ranks(nodes[n].mnt, ranks[n], dp, mbs, files, local))) for name in nodes]
+
+        def read(name: str) -> None:
+            try:
+                reads[name] = read_ranks(nodes[name].mnt, ranks[name], dp, mbs, files, local)
+            except Exception as exc:  # noqa: BLE001 - shown with the daemon's log below
+                reads[name] = exc
+
+        threads = [threading.Thread(target=read, args=(name,)) for name in nodes]
         start = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         wall = time.perf_counter() - start
+        for name, node in nodes.items():
+            if isinstance(reads[name], Exception):
+                log = (node.home / "daemon.log").read_text().splitlines()
+                raise SystemExit(f"node {name}: {reads[name]}\n" + "\n".join(log[-30:]))
         for node in nodes.values():
             node.unmount()
         for name, node in nodes.items():

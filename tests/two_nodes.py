@@ -104,8 +104,9 @@ class Node:
             time.sleep(0.05)
 
     def unmount(self) -> None:
-        subprocess.run(["fusermount", "-u", str(self.mnt)], capture_output=True)
-        subprocess.run(["fusermount", "-uz", str(self.mnt)], capture_output=True)
+        from mount_fixtures import force_unmount
+
+        force_unmount(self.mnt)
 
 
 def summary(stderr: str) -> tuple[int, int, int]:
