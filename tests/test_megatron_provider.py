@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from golden_cases import expected_samples, write_case_config
-from mmfs.adapters.megatron import MegatronJobError, check_job, mount_datasets_provider, rank_stream
+from mmfs.adapters.megatron import MegatronJobError, check_job, mount_datasets_provider, phase_eval_files, rank_stream
 from mmfs.adapters.megatron_copy import copy_job_files
 from mmfs.loader import Mount
 from mmfs.megatron.sampling.samplers import training_stream
@@ -258,14 +258,30 @@ def test_a_run_in_phases_is_one_launch_across_the_boundary(phased, sampler):
 def test_a_relaunch_at_megatron_s_phase_transitions_reads_on_in_the_same_mount(phased):
     """Megatron-LM's own --phase-transition-iterations 10 (phase_mode restart): the
     relaunch at iteration 10 passes the phase's 160 samples and reads from the
-    global consumed count, phase 1's first samples."""
+    global consumed count, phase 1's first samples; its valid and test are phase 1's
+    own (the mount's valid/phases/001, test/phases/001)."""
     mount = phased("restart", "single")
     args = megatron_args(seq_length=32, global_batch_size=8, consumed_train_samples=80, iteration=10,
                          phase_transition_iterations=[10])
-    train, _valid, _test = provide(mount.path, args, 1, 2, (160, 32, 8))
+    train, valid, test = provide(mount.path, args, 1, 2, (160, 32, 8))
     for batch, ids in zip(itertools.islice(train, 4), training_stream("single", 240, 80, 2, 1, 2)):
         assert_batch_is(batch, mount, "train", ids)
         assert {mount.phase("train", int(i)) for i in ids} == {1}
+    # valid and test are phase 1's own, as the relaunch builds them, valid from the
+    # checkpoint's consumed_valid_samples (8: one evaluation of the first launch)
+    args.consumed_valid_samples = 8
+    train, valid, test = provide(mount.path, args, 1, 2, (160, 32, 8))
+    for split, iterator, first in (("valid", valid, 2), ("test", test, 0)):
+        got = list(iterator)
+        entry = mount.phases["phases"][1]["splits"][split]
+        folder = mount.path + "/" + entry["ranks_path"] + "/001"
+        assert len(got) == entry["microbatches"] - first > 0
+        for j, batch in enumerate(got, first):
+            want = mount.microbatch_file(f"{folder}/{j:07d}.bin")
+            assert all(np.array_equal(batch[k], want[k]) for k in GPT_FIELDS)
+    with pytest.raises(MegatronJobError, match="each phase's own valid is served for the config's data-parallel "
+                                               "size 2 and micro-batch size 2, the job has 1 and 2"):
+        next(phase_eval_files(mount, "valid", 1, 0, 1, 2, 0))
     with pytest.raises(MegatronJobError, match=r"--phase-transition-iterations start phases at samples \[96\], "
                                                r"the mount's phases at \[80\]"):
         check_job(mount, megatron_args(seq_length=32, global_batch_size=8, phase_transition_iterations="12"),

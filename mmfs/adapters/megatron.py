@@ -19,6 +19,9 @@ default collate stacks them (mmfs.loader.Mount.microbatch_file):
   phases is one launch: the mount's train split is the whole run.
 - valid: the same with --eval-micro-batch-size from args.consumed_valid_samples;
   test: from 0.
+- Megatron-LM's own relaunch at --phase-transition-iterations (phase_mode restart)
+  works too: train reads on from the global consumed count, and valid and test are
+  the phase's own, as that launch builds them (`<split>/phases/<phase>/ranks/`).
 
 The data-parallel rank and size are Megatron's parallel state's
 (mpu.get_data_parallel_rank / _world_size, without context parallelism, as
@@ -38,6 +41,7 @@ provider runs. `rank_stream` gives the same micro-batches as numpy arrays.
 
 from __future__ import annotations
 
+import bisect
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -47,6 +51,7 @@ import numpy as np
 
 from mmfs.errors import MmfsError
 from mmfs.loader import LoaderError, Mount
+from mmfs.mount import contract
 
 SPLITS = ("train", "valid", "test")
 # The fields mmfs.loader adds to Megatron's (which get_batch would not read).
@@ -95,6 +100,48 @@ def rank_stream_files(mount: Mount, split: str, rank: int, data_parallel_size: i
             files = mount.stream_files(split, rank, data_parallel_size, micro_batch_size, consumed)
 
     return passes(files, consumed_samples)
+
+
+def relaunch_phase(mount: Mount, args: Any) -> int | None:
+    """The phase a launch of Megatron-LM's own relaunch at --phase-transition-iterations
+    trains in (from its iteration), or None for a run in one launch."""
+    if not getattr(args, "phase_transition_iterations", None) or not mount.phases:
+        return None
+    starts = [int(p["start_sample"]) for p in mount.phases["phases"]]
+    return bisect.bisect_right(starts, int(getattr(args, "iteration", 0) or 0) * int(args.global_batch_size)) - 1
+
+
+def phase_eval_files(mount: Mount, split: str, phase: int, rank: int, data_parallel_size: int,
+                     micro_batch_size: int, consumed_samples: int) -> Iterator[str]:
+    """Under restart, the micro-batch files of the phase's own valid or test (as its
+    relaunch builds them, `<split>/phases/<phase>/ranks/RRR/`) that a launch's loader
+    reads from consumed_samples: served for the config's layout, epoch 0."""
+    entry = mount.phases["phases"][phase].get(contract.KEY_SPLITS, {}).get(split) or {}
+    if contract.KEY_RANKS_PATH not in entry:
+        raise MegatronJobError(f"{mount.path}/mmfs.json: phase {phase} has no {split} micro-batches of its own (a "
+                               "run in phases under phase_mode restart with a training: block serves them): train in "
+                               "one launch, without --phase-transition-iterations")
+    t = mount.training
+    layout = (int(t[contract.KEY_DATA_PARALLEL_SIZE]), int(t[contract.KEY_MICRO_BATCH_SIZE]))
+    if (data_parallel_size, micro_batch_size) != layout:
+        raise MegatronJobError(f"{mount.path}: each phase's own {split} is served for the config's data-parallel size "
+                               f"{layout[0]} and micro-batch size {layout[1]}, the job has {data_parallel_size} and "
+                               f"{micro_batch_size}: mount a config with the job's layout")
+    group, files = data_parallel_size * micro_batch_size, int(entry[contract.KEY_MICROBATCHES])
+    if consumed_samples % group or consumed_samples // group > files:
+        raise MegatronJobError(f"{split} of phase {phase}: consumed_samples {consumed_samples} is not a micro-batch "
+                               f"start of its {files} x {group} samples")
+    rank_dir = f"{rank:0{int(t[contract.KEY_RANK_NAME_WIDTH])}d}"
+    folder = os.path.join(mount.path, entry[contract.KEY_RANKS_PATH], rank_dir)
+    width = int(entry[contract.KEY_MICROBATCH_NAME_WIDTH])
+
+    def files_from(j: int) -> Iterator[str]:
+        for k in range(j, files):
+            yield os.path.join(folder, contract.file_name(k, width))
+        if _sampler(mount) == "cyclic":  # Megatron's loader would go on into its next epoch
+            raise LoaderError(f"{folder}: the phase's own {split} is served for one epoch; the job reads past it")
+
+    return files_from(consumed_samples // group)
 
 
 def rank_stream(mount: Mount, split: str, rank: int, data_parallel_size: int, micro_batch_size: int,
@@ -277,9 +324,16 @@ def mount_datasets_provider(mount_path: str | os.PathLike, *, get_args: Callable
         try:
             mount = Mount(mount_path)
             check_job(mount, args, train_val_test_num_samples)
-            streams = {split: rank_stream_files(mount, split, rank, size, split_micro_batch_size(args, split),
-                                                starts[split])
-                       for split, wanted in zip(SPLITS, train_val_test_num_samples) if wanted}
+            phase = relaunch_phase(mount, args)  # Megatron's own relaunch: valid and test are the phase's
+            streams = {}
+            for split, wanted in zip(SPLITS, train_val_test_num_samples):
+                if not wanted:
+                    continue
+                mbs = split_micro_batch_size(args, split)
+                if split == "train" or phase is None:
+                    streams[split] = rank_stream_files(mount, split, rank, size, mbs, starts[split])
+                else:
+                    streams[split] = phase_eval_files(mount, split, phase, rank, size, mbs, starts[split])
         except MmfsError as exc:
             _exit(exc)
 

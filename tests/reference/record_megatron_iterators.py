@@ -86,9 +86,8 @@ CASES = {
     "resumed-dp2": ([f"{ITERS} {BLEND}"], 2, (7, 112, 0), 3, 4),
     "resumed-dp2-cyclic": ([f"{ITERS} {BLEND} --dataloader-type cyclic"], 2, (7, 112, 0), 3, 4),
     # Megatron-LM's own phase relaunch: phase 1 (from iteration 10) built from its own
-    # --data-path; the mount: both launches as one config (phase_mode restart), read on
-    # from the global consumed count in one launch (train only: Megatron rebuilds valid
-    # and test from each phase's data path, the config keeps the first launch's)
+    # --data-path; the mount: both launches as one config (phase_mode restart), train
+    # read on from the global consumed count, valid and test phase 1's own
     "phases-restart": ([f"{RUN} --train-samples 320 {BLEND} --phase-transition-iterations 10",
                         f"{RUN} --train-samples 320 --data-path 0.5 data/u16_multiseq 0.5 data/u16_docs "
                         "--split 90,8,2 --phase-transition-iterations 10"], 2, (10, 160, 32), 3, None),
@@ -215,7 +214,7 @@ def capture_num_samples(provider, seen: list):
 def run_case(m, name: str, case: tuple, work: Path, mmfs: str) -> dict:
     lines, size, resume, iterations, mount_size = case
     job_line = lines[-1] if name.startswith("phases") else lines[0]
-    splits = ("train",) if name.startswith("phases") else ("train", "valid", "test")
+    splits = ("train", "valid", "test")
     folder = work / name
     folder.mkdir()
     (folder / "data").symlink_to(work / "data")  # a config's paths are relative to its folder
