@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from mmfs.loader import LoaderError, Mount
+from mmfs.megatron.sampling.phaseplan import PhasedSampler, PhaseSpan
 from mmfs.megatron.sampling.rankplan import plan_stream, rank_ids
 from mount_fixtures import mounted
 
@@ -33,6 +34,15 @@ def _example():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _pass(mount: Mount, sampler: str, split: str, mbs: int, dp: int, consumed: int):
+    """The plan of the stream folder from `consumed`: one pass of Megatron's sampler, or
+    in a phased train split under cyclic, each phase's own sampler (docs/phases.md)."""
+    spans = mount.phase_spans(split)
+    if sampler == "cyclic" and spans:
+        return PhasedSampler([PhaseSpan(*s) for s in spans], mbs, dp).plan(consumed)
+    return plan_stream(mount.samples[split], mbs, dp, consumed, sampler, True)
 
 
 def _ds(name: str, weight: float) -> dict:
@@ -60,10 +70,11 @@ def run(request, tmp_path_factory):
 def test_rank_stream_is_megatrons_batches_of_the_samplers_ids(run, flags, fields):
     sampler, mount = run
     example = _example()
-    dp, mbs, consumed = 3, 2, 72  # another layout than the mount's, resumed before the boundary at 80
-    total = mount.samples["train"]
+    # another layout than the mount's, resumed before the boundary at 80 (the cyclic samplers of a
+    # run in phases read whole micro-batch steps of each phase: mbs x dp divides the global batch)
+    dp, mbs, consumed = (3, 2, 72) if sampler == "single" else (4, 1, 72)
     for rank in range(dp):
-        plan = plan_stream(total, mbs, dp, consumed, sampler, True)
+        plan = _pass(mount, sampler, "train", mbs, dp, consumed)
         want = rank_ids(plan, rank)
         got = list(itertools.islice(example.rank_stream(mount, "train", rank, dp, mbs, consumed, **flags),
                                     len(want) + 3))
@@ -75,10 +86,10 @@ def test_rank_stream_is_megatrons_batches_of_the_samplers_ids(run, flags, fields
             for name in fields:
                 assert batch[name].dtype == direct[name].dtype and np.array_equal(batch[name], direct[name])
         if sampler == "cyclic":  # on into the next epoch, as cyclic_iter goes on
-            next_epoch = plan_stream(total, mbs, dp, consumed + len(rank_ids(plan, 0)) * dp * mbs, sampler, True)
+            next_epoch = _pass(mount, sampler, "train", mbs, dp, consumed + len(rank_ids(plan, 0)) * dp * mbs)
             for batch, ids in zip(got[len(want):], rank_ids(next_epoch, rank)):
                 assert np.array_equal(batch["tokens"], mount.megatron_batch("train", ids.tolist())["tokens"])
-    plan = plan_stream(total, mbs, dp, consumed, sampler, True)
+    plan = _pass(mount, sampler, "train", mbs, dp, consumed)
     phases = {mount.phase("train", int(i)) for r in range(dp) for i in rank_ids(plan, r).ravel()}
     assert phases == {0, 1}  # the streams cross the phase boundary
 
@@ -93,7 +104,7 @@ def test_the_provider_hands_each_rank_its_three_streams(run):
     assert provider.is_distributed
     train, valid, test = provider([240, 32, 8])
     for split, iterator, consumed in (("train", train, 88), ("valid", valid, 8), ("test", test, 0)):
-        ids = rank_ids(plan_stream(mount.samples[split], 2, 2, consumed, sampler, True), 1)
+        ids = rank_ids(_pass(mount, sampler, split, 2, 2, consumed), 1)
         for batch, want in zip(itertools.islice(iterator, 3), ids):
             direct = mount.megatron_batch(split, want.tolist(), eod_mask_loss=True)
             assert list(batch) == GPT_FIELDS
