@@ -5,7 +5,9 @@
 File j of rank folder RRR is the j-th micro-batch Megatron's sampler, built with
 data_parallel_size D, micro_batch_size M and consumed_samples C, yields to that
 rank in one pass: to the end of the split (single) or of the current epoch
-(cyclic). The sampler defaults to the `training:` block's (else single), sharding
+(cyclic). In a run in phases under cyclic, each phase has its own sampler
+(sampling/phaseplan.py): the rest of C's phase, each later phase, the last one's
+pass. The sampler defaults to the `training:` block's (else single), sharding
 to its data_sharding (else Megatron's default, true).
 
 A layout folder exists when it is looked up (the streams folder lists nothing).

@@ -17,7 +17,10 @@ next): Megatron's evaluate() reads a constant eval global batch per step
 
 In a run in phases (config `phases:`, docs/phases.md) the answer names the phase
 of the batch and of each train sample: the phase whose samples
-[start_sample, end_sample) of the run hold it. Under phase_mode restart each
+[start_sample, end_sample) of the run hold it (or, for an id past the run's, the
+restart phase whose own dataset holds it). Under the cyclic sampler each phase's
+train iterations are read by its own sampler (sampling/phaseplan.py's
+PhasedSampler). Under phase_mode restart each
 relaunch evaluates on its own valid and test (megatron/phases/evals.py): an
 evaluation step of valid is read by the launch that runs its evaluation, from
 that phase's valid, by the loader the launch built at its consumed_valid_samples
