@@ -186,3 +186,42 @@ def test_which_keeps_every_iteration_inside_its_phase(cache, case):
         assert len(set(ids)) == len(ids)  # nothing twice within the phase's epoch
         if k < len(spans) - 1:
             assert sorted(ids) == list(range(span.start, span.start + span.listed))  # nothing skipped
+
+
+def test_a_start_inside_a_micro_batch_step_is_refused_under_cyclic(tmp_path):
+    """Without a global batch size a start may be any sample; the cyclic samplers of the
+    phases read whole steps of micro_batch_size x data_parallel_size: one line."""
+    datasets = [{"path": str(DATA / "u16_docs"), "weight": 1.0}]
+    config = {"split": "90,8,2", "sequence_length": 32, "tokenizer": {"eod": 0}, "cache_dir": str(tmp_path / "c"),
+              "samples": {"train": 240, "valid": 16, "test": 8},
+              "training": {"data_parallel_size": 2, "micro_batch_size": 2, "dataloader_type": "cyclic"},
+              "phases": [{"datasets": datasets}, {"start_samples": 82, "datasets": datasets}]}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError) as err:
+        open_corpus(str(path), progress=False)
+    message = str(err.value)
+    assert "\n" not in message and ": phases[1].start_samples: starts at sample 82, not a multiple of" in message
+    config["phases"][1]["start_samples"] = 84
+    path.write_text(yaml.safe_dump(config))
+    assert cyclic_spans(open_corpus(str(path), progress=False).splits["train"].indices)[1].start == 84
+
+
+def test_the_c_reader_refuses_a_malformed_phased_plan():
+    from mmfs.megatron.sampling.rankplan import native_plan
+    from mmfs.native import ffi, lib
+
+    spans = [PhaseSpan(0, 8, 9, 16), PhaseSpan(8, 8, 8, 17)]
+    plan = PhasedSampler(spans, 2, 2).plan(0, whole_pass=False)
+    c = native_plan(plan)
+    out = ffi.new("int64_t[]", 2)
+    assert lib.mmfs_microbatch_ids(c, 0, 3, out) == 0 and 8 <= min(out) and max(out) < 16
+    assert lib.mmfs_microbatch_ids(c, 0, 4, out) == lib.MMFS_E_ARG  # past the files
+    assert lib.mmfs_microbatch_ids(c, 2, 0, out) == lib.MMFS_E_ARG  # past the ranks
+    c.phases[1].plan.kind = lib.MMFS_PLAN_PHASED  # a phase's own plan must be one sampler's
+    assert lib.mmfs_microbatch_ids(c, 0, 3, out) == lib.MMFS_E_ARG
+    c.phases[1].plan.kind = lib.MMFS_PLAN_SHARDED
+    c.phases[0].first_file = 1  # the phases must start at file 0
+    assert lib.mmfs_microbatch_ids(c, 0, 0, out) == lib.MMFS_E_ARG
+    c.phases[0].first_file, c.num_phases = 0, 0
+    assert lib.mmfs_microbatch_ids(c, 0, 0, out) == lib.MMFS_E_ARG
