@@ -113,14 +113,42 @@ class Mount:
         i = _whole("i", i)
         if split != "train" or not self._phase_starts:
             return None
+        if i >= self.samples[split]:  # past the run's samples: a restart phase's own (docs/phases.md)
+            for k, p in enumerate(self.phases["phases"]):
+                first = int(p.get(contract.KEY_BEYOND_FIRST_ID, -1))
+                if first <= i < first + int(p.get(contract.KEY_SAMPLER_SAMPLES, 0)) - int(p["samples"]):
+                    return k
         return bisect.bisect_right(self._phase_starts, i) - 1
 
+    def phase_spans(self, split: str) -> list[tuple[int, int, int, int]] | None:
+        """Each phase as its own cyclic sampler reads it (docs/phases.md): (its first
+        sample, its samples, the samples its sampler draws from, the id of its sample
+        `samples` past the split's own); None where the split is not phased."""
+        self._split(split)
+        if split != "train" or not self.phases:
+            return None
+        return [(int(p["start_sample"]), int(p["samples"]), int(p[contract.KEY_SAMPLER_SAMPLES]),
+                 int(p[contract.KEY_BEYOND_FIRST_ID])) for p in self.phases["phases"]]
+
+    def beyond_samples(self, split: str) -> int:
+        """How many ids past the split's samples its beyond view serves (a run in phases
+        whose restart phases' own datasets are longer than their samples; docs/phases.md)."""
+        return int(self._split(split).get(contract.KEY_BEYOND, {}).get(contract.KEY_BEYOND_SAMPLES, 0))
+
     def sample_path(self, split: str, i: int) -> str:
+        """The file of sample i: samples/, or for an id past them (below samples + beyond
+        samples) its file in the split's beyond view."""
         s = self._split(split)
         i = _whole("i", i)
-        if not i < self.samples[split]:
-            raise LoaderError(f"{split}: sample {i} is outside [0, {self.samples[split]})")
-        return os.path.join(self.path, s[contract.KEY_PATH], contract.file_name(i, int(s[contract.KEY_NAME_WIDTH])))
+        n = self.samples[split]
+        if i < n:
+            return os.path.join(self.path, s[contract.KEY_PATH], contract.file_name(i, int(s[contract.KEY_NAME_WIDTH])))
+        beyond = s.get(contract.KEY_BEYOND)
+        if beyond is None or i >= n + int(beyond[contract.KEY_BEYOND_SAMPLES]):
+            extra = 0 if beyond is None else int(beyond[contract.KEY_BEYOND_SAMPLES])
+            raise LoaderError(f"{split}: sample {i} is outside [0, {n + extra})")
+        return os.path.join(self.path, beyond[contract.KEY_PATH],
+                            contract.file_name(i - n, int(beyond[contract.KEY_NAME_WIDTH])))
 
     def sample(self, split: str, i: int) -> np.ndarray:
         """Sample i's tokens, in the mount's dtype (pad positions hold the pad in that dtype)."""

@@ -104,8 +104,21 @@ typedef struct {
     int64_t serial;           /* unique in the process, > 0 (keys a walk's resume point) */
 } mmfs_gpt;
 
+/* Consecutive samples of one GPTDataset of a split, in its shuffled order:
+ * ids num_samples + first .. + first + count - 1 of the split are its samples
+ * sample .. sample + count - 1 (see mmfs_split's beyond). */
+typedef struct {
+    int64_t first;   /* offset of the run's first id past num_samples */
+    int64_t count;
+    int64_t sample;  /* the GPTDataset's sample (before its shuffle) of the first id */
+    int32_t gpt;     /* which of the split's GPTDatasets */
+} mmfs_sample_run;
+
 /* The samples of one split in training order: a GPTDataset, or a blend of
- * several (dataset_index.count > 0). */
+ * several (dataset_index.count > 0). A run in phases may hold samples past
+ * num_samples that only a relaunched phase's cyclic sampler reads (its dataset is
+ * longer than its share of the run): ids num_samples .. num_samples +
+ * beyond_samples - 1, in num_beyond runs sorted by `first` (docs/phases.md). */
 typedef struct {
     const mmfs_gpt *gpts;
     int32_t num_gpts;
@@ -115,9 +128,13 @@ typedef struct {
     int64_t sample_tokens;           /* tokens in every sample file */
     int64_t pad;                     /* fills a short last sample */
     int32_t out_dtype;               /* MMIDIDX code of the sample files */
+    const mmfs_sample_run *beyond;   /* NULL when num_beyond is 0 */
+    int32_t num_beyond;
+    int64_t beyond_samples;          /* the ids past num_samples: the runs' counts summed */
 } mmfs_split;
 
-/* Training-order sample i of s -> (GPTDataset number, unshuffled sample). */
+/* Training-order sample i of s (i < num_samples + beyond_samples) ->
+ * (GPTDataset number, unshuffled sample). */
 int mmfs_locate(const mmfs_split *s, int64_t i, int32_t *gpt, int64_t *k);
 
 /* Write training-order sample i of s (sample_tokens tokens) into out; returns
@@ -141,11 +158,18 @@ typedef struct {
  *   single:    start + j*mbs*dp + r*mbs + m
  *   sharded:   r*bucket_size + permutation[start + j*mbs + m]
  *   unsharded: permutation[start + (j*mbs + m)*dp + r]
+ *   phased:    the phase p with phases[p].first_file <= j (the last such), whose
+ *              own plan (sharded or unsharded, over its own samples) gives ids
+ *              x of file j - first_file, read as first_id + x below `listed`,
+ *              beyond_id + x - listed from there (sampling/phaseplan.py)
  * (start is 0 for the rank views; a stream resumed at consumed_samples C
  * starts later in the split or in its epoch's permutation). */
 #define MMFS_PLAN_SINGLE 0
 #define MMFS_PLAN_SHARDED 1
 #define MMFS_PLAN_UNSHARDED 2
+#define MMFS_PLAN_PHASED 3
+
+typedef struct mmfs_phase_plan mmfs_phase_plan;
 
 typedef struct {
     int32_t kind;               /* MMFS_PLAN_* */
@@ -155,7 +179,18 @@ typedef struct {
     int64_t start;              /* see above */
     int64_t bucket_size;        /* entries in permutation (0 for single) */
     mmfs_array permutation;     /* randperm(bucket_size) of the epoch; count 0 for single */
+    const mmfs_phase_plan *phases; /* phased: num_phases, sorted by first_file from 0 */
+    int64_t num_phases;
 } mmfs_rank_plan;
+
+/* One phase of a phased plan: its own cyclic sampler's pass. */
+struct mmfs_phase_plan {
+    int64_t first_file;  /* the plan's file (of every rank) where the phase's files start */
+    int64_t first_id;    /* the split id of the phase's sample 0 */
+    int64_t listed;      /* the phase's samples in the split's own ids */
+    int64_t beyond_id;   /* the split id of the phase's sample `listed` (past num_samples) */
+    mmfs_rank_plan plan; /* sharded or unsharded, over the phase's samples */
+};
 
 /* out[0..micro_batch_size) = the sample ids of file j of rank r. */
 int mmfs_microbatch_ids(const mmfs_rank_plan *plan, int64_t rank, int64_t j, int64_t *out);
@@ -171,7 +206,8 @@ typedef struct {
 /* Token readers of the mount's views (see mmfs_views.h): the number of tokens
  * in file `file` of ctx, and tokens [first, first + count) of it, written
  * into out in the view's dtype. A sample is padded with the split's pad;
- * sequences and documents are in their dataset's own dtype. */
+ * sequences and documents are in their dataset's own dtype. The beyond reader's
+ * file f is the split's sample num_samples + f. */
 int64_t mmfs_split_length(const void *split, int64_t file);
 int mmfs_split_tokens(const void *split, int64_t file, int64_t first, int64_t count,
                       uint8_t *out);
@@ -181,6 +217,9 @@ int mmfs_sequence_tokens(const void *source, int64_t file, int64_t first, int64_
 int64_t mmfs_microbatch_length(const void *microbatches, int64_t file);
 int mmfs_microbatch_tokens(const void *microbatches, int64_t file, int64_t first, int64_t count,
                            uint8_t *out);
+int64_t mmfs_beyond_length(const void *split, int64_t file);
+int mmfs_beyond_tokens(const void *split, int64_t file, int64_t first, int64_t count,
+                       uint8_t *out);
 int64_t mmfs_document_length(const void *documents, int64_t file);
 int mmfs_document_tokens(const void *documents, int64_t file, int64_t first, int64_t count,
                          uint8_t *out);

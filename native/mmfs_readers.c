@@ -375,12 +375,31 @@ static int64_t sample_window(const mmfs_gpt *g, int64_t k, int64_t sample_tokens
     return ctx.real;
 }
 
+/* Sample num_samples + at of s, past its own: (GPTDataset, its sample) from the runs. */
+static int locate_beyond(const mmfs_split *s, int64_t at, int64_t *d, int64_t *j) {
+    if (!s->beyond || s->num_beyond < 1 || at < 0 || at >= s->beyond_samples) return MMFS_E_ARG;
+    int32_t lo = 0, hi = s->num_beyond - 1;
+    while (lo < hi) { /* the last run whose first id is at or before `at` */
+        int32_t mid = lo + (hi - lo + 1) / 2;
+        if (s->beyond[mid].first <= at) lo = mid; else hi = mid - 1;
+    }
+    const mmfs_sample_run *r = &s->beyond[lo];
+    if (at < r->first || at - r->first >= r->count || r->sample < 0)
+        return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, s->num_samples + at);
+    *d = r->gpt;
+    *j = r->sample + (at - r->first);
+    return MMFS_OK;
+}
+
 int mmfs_locate(const mmfs_split *s, int64_t i, int32_t *gpt, int64_t *k) {
     if (!s || !gpt || !k || !s->gpts || s->num_gpts < 1) return MMFS_E_ARG;
-    if (i < 0 || i >= s->num_samples) return MMFS_E_ARG;
+    if (i < 0 || i - s->num_samples >= s->beyond_samples) return MMFS_E_ARG;
     int64_t d = 0, j = i, shuffled;
     int rc;
-    if (s->dataset_index.count > 0) {
+    if (i >= s->num_samples) {
+        if ((rc = locate_beyond(s, i - s->num_samples, &d, &j)) < 0) return rc;
+        if (d < 0 || d >= s->num_gpts) return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, d);
+    } else if (s->dataset_index.count > 0) {
         if ((rc = array_int(&s->dataset_index, i, &d)) < 0) return rc;
         if ((rc = array_int(&s->dataset_sample_index, i, &j)) < 0) return rc;
         if (d < 0 || d >= s->num_gpts) return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, d);
@@ -416,16 +435,53 @@ int64_t mmfs_split_length(const void *split, int64_t file) {
 
 int mmfs_split_tokens(const void *split, int64_t file, int64_t first, int64_t count,
                       uint8_t *out) {
-    int64_t rc = split_window(split, file, first, first + count, out);
+    const mmfs_split *s = split;
+    if (!s || file < 0 || file >= s->num_samples) return MMFS_E_ARG;
+    int64_t rc = split_window(s, file, first, first + count, out);
+    return rc < 0 ? (int)rc : MMFS_OK;
+}
+
+int64_t mmfs_beyond_length(const void *split, int64_t file) {
+    const mmfs_split *s = split;
+    if (!s || file < 0 || file >= s->beyond_samples) return MMFS_E_ARG;
+    return s->sample_tokens;
+}
+
+int mmfs_beyond_tokens(const void *split, int64_t file, int64_t first, int64_t count,
+                       uint8_t *out) {
+    const mmfs_split *s = split;
+    if (!s || file < 0 || file >= s->beyond_samples) return MMFS_E_ARG;
+    int64_t rc = split_window(s, s->num_samples + file, first, first + count, out);
     return rc < 0 ? (int)rc : MMFS_OK;
 }
 
 /* ---- micro-batches ----------------------------------------------------- */
 
+/* File j of a phased plan: its phase's own plan, its ids read as the split's. */
+static int phased_microbatch_ids(const mmfs_rank_plan *p, int64_t rank, int64_t j, int64_t *out) {
+    if (!p->phases || p->num_phases < 1 || p->phases[0].first_file != 0) return MMFS_E_ARG;
+    int64_t lo = 0, hi = p->num_phases - 1;
+    while (lo < hi) { /* the last phase whose files start at or before j */
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (p->phases[mid].first_file <= j) lo = mid; else hi = mid - 1;
+    }
+    const mmfs_phase_plan *ph = &p->phases[lo];
+    const mmfs_rank_plan *own = &ph->plan;
+    if (own->kind != MMFS_PLAN_SHARDED && own->kind != MMFS_PLAN_UNSHARDED) return MMFS_E_ARG;
+    if (own->micro_batch_size != p->micro_batch_size || own->data_parallel_size != p->data_parallel_size)
+        return MMFS_E_ARG;
+    int rc = mmfs_microbatch_ids(own, rank, j - ph->first_file, out);
+    if (rc < 0) return rc;
+    for (int64_t m = 0; m < p->micro_batch_size; ++m)
+        out[m] = out[m] < ph->listed ? ph->first_id + out[m] : ph->beyond_id + (out[m] - ph->listed);
+    return MMFS_OK;
+}
+
 int mmfs_microbatch_ids(const mmfs_rank_plan *p, int64_t rank, int64_t j, int64_t *out) {
     if (!p || !out || p->micro_batch_size < 1 || p->data_parallel_size < 1) return MMFS_E_ARG;
     int64_t mbs = p->micro_batch_size, dp = p->data_parallel_size;
     if (rank < 0 || rank >= dp || j < 0 || j >= p->files_per_rank) return MMFS_E_ARG;
+    if (p->kind == MMFS_PLAN_PHASED) return phased_microbatch_ids(p, rank, j, out);
     if (p->kind == MMFS_PLAN_SINGLE) {
         for (int64_t m = 0; m < mbs; ++m) out[m] = p->start + (j * dp + rank) * mbs + m;
         return MMFS_OK;
@@ -461,7 +517,7 @@ int mmfs_microbatch_tokens(const void *microbatches, int64_t file, int64_t first
     for (int64_t t = first; rc >= 0 && t < first + count;) {
         int64_t b = t / per, lo = t - b * per;
         int64_t hi = first + count - b * per < per ? first + count - b * per : per;
-        if (ids[b] < 0 || ids[b] >= m->split->num_samples) {
+        if (ids[b] < 0 || ids[b] - m->split->num_samples >= m->split->beyond_samples) {
             rc = fail(MMFS_E_INDEX_RANGE, -1, -1, -1, ids[b]);
             break;
         }

@@ -31,6 +31,8 @@ from golden_cases import expected_samples, write_case_config
 from mmfs.adapters.megatron import MegatronJobError, check_job, mount_datasets_provider, phase_eval_files, rank_stream
 from mmfs.adapters.megatron_copy import copy_job_files
 from mmfs.loader import Mount
+from mmfs.megatron.sampling.phaseplan import PhasedSampler, PhaseSpan
+from mmfs.megatron.sampling.rankplan import rank_ids
 from mmfs.megatron.sampling.samplers import training_stream
 from mount_fixtures import ROOT, mount_in, mounted, wait_gone
 
@@ -241,12 +243,17 @@ def phased(tmp_path_factory):
 @pytest.mark.parametrize("sampler", ["single", "cyclic"])
 def test_a_run_in_phases_is_one_launch_across_the_boundary(phased, sampler):
     """Resumed on dp 1 at iteration 9 (72 samples), the stream crosses the start of
-    phase 1 at sample 80 as the mount's train split does (phase_mode continue: one
-    sampler over the whole run)."""
+    phase 1 at sample 80 as the mount's train split does (phase_mode continue: the
+    single sampler runs over the whole run, the cyclic one over each phase's own range,
+    docs/phases.md)."""
     mount = phased("continue", sampler)
     args = megatron_args(seq_length=32, global_batch_size=8, consumed_train_samples=72, iteration=9)
     train, _valid, _test = provide(mount.path, args, 0, 1, (240, 32, 8))
-    want = list(itertools.islice(training_stream(sampler, 240, 72, 2, 0, 1), 12))
+    if sampler == "cyclic":
+        plan = PhasedSampler([PhaseSpan(*s) for s in mount.phase_spans("train")], 2, 1).plan(72)
+        want = [ids.tolist() for ids in rank_ids(plan, 0)[:12]]
+    else:
+        want = list(itertools.islice(training_stream(sampler, 240, 72, 2, 0, 1), 12))
     got = list(itertools.islice(train, 12))
     for batch, ids in zip(got, want, strict=True):
         assert_batch_is(batch, mount, "train", ids)

@@ -31,14 +31,17 @@ class SampleSource:
         self._mount = Mount(self.path)
         self._mount.sample_path(self.split, 0)  # the split exists and has a sample
         self._len = int(self._mount.samples[self.split])
+        self._beyond = self._mount.beyond_samples(self.split)
 
     def __len__(self) -> int:
         return self._len
 
     def __getitem__(self, record_key: int) -> np.ndarray | dict[str, np.ndarray]:
         i = int(record_key)
-        if not 0 <= i < self._len:
-            raise IndexError(f"record {i} is outside [0, {self._len}) of {self.split}")
+        # ids past the split's samples: a restart phase's own (its beyond view), which its
+        # cyclic sampler's micro-batches name; grain's own sampling stays within __len__
+        if not 0 <= i < self._len + self._beyond:
+            raise IndexError(f"record {i} is outside [0, {self._len + self._beyond}) of {self.split}")
         if self.megatron:
             return self._mount.megatron_item(self.split, i, **self.flags)
         return self._mount.sample(self.split, i)

@@ -13,7 +13,8 @@ of Mount.megatron_batch) plus `sample_ids` and `consumed_samples`, the global co
 after the step that reads it (and, in a run in phases, each train sample's `phase`).
 The micro-batches are the files of the mount's stream folder for that layout and
 consumed_samples (`<split>/streams/dp=D,mbs=M,from=C/RRR/`, docs/streams.md; for
-`cyclic`, one folder an epoch), so any layout
+`cyclic`, one folder an epoch; in a run in phases, one folder to the end of the last
+phase's pass, each phase read by its own sampler), so any layout
 and any consumed_samples Megatron would accept work; Megatron's sampler (the
 exact port in mmfs.megatron.sampling.samplers) is run here only to refuse, with its own
 words, a consumed_samples it would refuse.
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from mmfs.loader import LoaderError, Mount
+from mmfs.megatron.sampling.phaseplan import PhaseSpan, phased_stream
 from mmfs.megatron.sampling.samplers import SamplerError, training_stream
 
 
@@ -74,10 +76,20 @@ class RankStream(torch.utils.data.IterableDataset):
         self._sampler(consumed)
         self.consumed_samples = consumed
 
+    def _phase_spans(self) -> list[PhaseSpan] | None:
+        """A run in phases read by the cyclic sampler: each phase's own (docs/phases.md)."""
+        spans = self.mount.phase_spans(self.split)
+        if spans is None or self.dataloader_type != "cyclic":
+            return None
+        return [PhaseSpan(*span) for span in spans]
+
     def _sampler(self, consumed: int) -> Iterator[list[int]]:
         try:
-            stream = training_stream(self.dataloader_type, self.total, consumed, self.micro_batch_size,
-                                     self.rank, self.data_parallel_size, self.data_sharding)
+            spans = self._phase_spans()
+            stream = phased_stream(spans, consumed, self.micro_batch_size, self.rank, self.data_parallel_size,
+                                   self.data_sharding) if spans else \
+                training_stream(self.dataloader_type, self.total, consumed, self.micro_batch_size,
+                                self.rank, self.data_parallel_size, self.data_sharding)
             first = next(stream, None)
         except SamplerError as exc:
             raise LoaderError(f"{self.split}: {exc}") from None

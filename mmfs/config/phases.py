@@ -163,6 +163,12 @@ def parse_phases(raw: dict, checker: Checker, base_dir: str, top: Blend | None, 
             raise checker.fail(f"{key}.{_start_key(entry)}",
                                f"starts at sample {start:,}, at or past the end of training "
                                f"({total:,} train samples); remove the phase or train longer")
+        group = 0 if training is None else training.micro_batch_size * training.data_parallel_size
+        if group and training.dataloader_type == "cyclic" and start % group:
+            raise checker.fail(f"{key}.{_start_key(entry)}",
+                               f"starts at sample {start:,}, not a multiple of micro_batch_size x "
+                               f"data_parallel_size = {group}: each phase's cyclic sampler reads whole "
+                               "micro-batch steps (a phase starts where a global batch starts)")
         blend, bare = _blend(entry, key, k, checker, base_dir, top, checked)
         if mode == "continue":
             _no_twice(blend, entry, key, checker)

@@ -14,6 +14,7 @@ from mmfs.errors import NativeError
 from mmfs.formats.dtypes import native_code
 from mmfs.megatron.arrays import ArrayPlacer
 from mmfs.megatron.build.builder import GptIndices, SplitIndices
+from mmfs.megatron.phases.sampling import beyond_runs
 from mmfs.native import check, ffi, lib
 
 
@@ -106,15 +107,25 @@ class SplitReader:
             placer.place(c.dataset_index, blend.raw("dataset_index")),
             placer.place(c.dataset_sample_index, blend.raw("dataset_sample_index")),
         )
+        # A restart phase's dataset past its samples (phases/sampling.py): ids from self.length on.
+        runs = beyond_runs(indices)
+        self.beyond = sum(count for _, count, _, _ in runs)
+        if runs:
+            runs_c = ffi.new("mmfs_sample_run[]", len(runs))
+            for r, (first, count, gpt, sample) in zip(runs_c, runs):
+                r.first, r.count, r.gpt, r.sample = first, count, gpt, sample
+            c.beyond, c.num_beyond, c.beyond_samples = runs_c, len(runs), self.beyond
+            self._keep += (runs_c,)
         self.c = c
 
     def __len__(self) -> int:
         return self.length
 
     def locate(self, i: int) -> tuple[GptReader, int]:
-        """(GPTDataset, unshuffled sample id) of training-order sample i."""
-        if not 0 <= i < self.length:
-            raise IndexError(f"{self.name}: sample {i} out of range [0, {self.length})")
+        """(GPTDataset, unshuffled sample id) of training-order sample i (or of one past
+        the split's own samples: the beyond view's, below length + beyond)."""
+        if not 0 <= i < self.length + self.beyond:
+            raise IndexError(f"{self.name}: sample {i} out of range [0, {self.length + self.beyond})")
         d, k = ffi.new("int32_t *"), ffi.new("int64_t *")
         rc = lib.mmfs_locate(self.c, i, d, k)
         if rc == lib.MMFS_E_INDEX_RANGE:
@@ -137,8 +148,8 @@ class SplitReader:
         view = ffi.from_buffer(buffer, require_writable=True)
         if len(view) < self.sample_bytes:
             raise ValueError(f"buffer of {len(view)} bytes < {self.sample_bytes}")
-        if not 0 <= i < self.length:
-            raise IndexError(f"{self.name}: sample {i} out of range [0, {self.length})")
+        if not 0 <= i < self.length + self.beyond:
+            raise IndexError(f"{self.name}: sample {i} out of range [0, {self.length + self.beyond})")
         self.read_to_address(i, view)
 
     def read(self, i: int) -> bytes:

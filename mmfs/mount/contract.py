@@ -18,6 +18,7 @@ SAMPLES = "samples"
 RANKS = "ranks"
 STREAMS = "streams"
 PHASES = "phases"  # under phase_mode restart: each phase's own valid and test (docs/phases.md)
+BEYOND = "beyond"  # a run in phases: samples only a restart phase's own dataset holds (docs/phases.md)
 DATASETS = "datasets"
 DOCUMENTS = "documents"
 SEQUENCES = "sequences"
@@ -31,6 +32,12 @@ def sample_dir(split: str) -> str:
 def ranks_dir(split: str) -> str:
     """The folder of a split's data-parallel ranks: "/train/ranks"."""
     return f"/{split}/{RANKS}"
+
+
+def beyond_dir(split: str) -> str:
+    """The samples past a split's own that a phase's cyclic sampler reads: "/train/beyond"
+    (file f is the split's sample id len(samples) + f)."""
+    return f"/{split}/{BEYOND}"
 
 
 def streams_dir(split: str) -> str:
@@ -129,7 +136,8 @@ XATTR_DOCS = {
     XATTR_PIECES: "space-separated sequence:offset:length triples, in sample order "
     "(sequence ids of that dataset; offsets and lengths in tokens)",
     XATTR_SAMPLES: "on a micro-batch file: its sample ids in the split, space-separated, in batch order",
-    XATTR_PHASE: "on a train sample of a run in phases: its phase (index in mmfs.json's phases.phases, from 0)",
+    XATTR_PHASE: "on a train sample of a run in phases (and on a file of train/beyond): its phase (index in "
+    "mmfs.json's phases.phases, from 0)",
 }
 
 # -- mmfs.json keys a loader reads --------------------------------------------------
@@ -145,11 +153,17 @@ KEY_SAMPLES = "samples"  # {split: samples}
 KEY_SPLITS = "splits"  # {split: {KEY_PATH, KEY_NAME_WIDTH, ...}}
 KEY_PATH = "path"
 KEY_NAME_WIDTH = "name_width"
+KEY_BEYOND = "beyond"  # in a split's entry: {KEY_PATH, KEY_NAME_WIDTH, KEY_BEYOND_SAMPLES} of its beyond view
+KEY_BEYOND_SAMPLES = "samples"  # ids len(samples) .. len(samples) + this - 1
 KEY_TRAINING = "training"
 KEY_PHASES = "phases"  # a run in phases: {phase_mode, phases: [{phase, start_sample, end_sample, datasets}]}
 # ... and in it, under restart: phase_name_width, and per phase `splits` {valid, test: as KEY_SPLITS's
 # entries, with ranks_path, microbatches and evaluations}
 KEY_PHASE_NAME_WIDTH = "phase_name_width"
+# ... and per phase: the samples its cyclic sampler draws from (>= its `samples`), and the split id
+# of its sample `samples` (ids past the split's own samples: its beyond view's)
+KEY_SAMPLER_SAMPLES = "sampler_samples"
+KEY_BEYOND_FIRST_ID = "beyond_first_id"
 # ... and in the training section:
 KEY_DATA_PARALLEL_SIZE = "data_parallel_size"
 KEY_MICRO_BATCH_SIZE = "micro_batch_size"

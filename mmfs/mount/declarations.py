@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from mmfs.errors import MountError, NativeError
+from mmfs.megatron.phases.sampling import sample_phase, split_sampler
 from mmfs.megatron.sampling.rankplan import native_plan, plan_splits
 from mmfs.mount.contract import (
     DOCUMENTS,
@@ -19,6 +20,7 @@ from mmfs.mount.contract import (
     XATTR_PHASE,
     XATTR_PIECES,
     XATTR_SAMPLES,
+    beyond_dir,
     dataset_dir,
     phase_dir,
     phase_name_width,
@@ -57,6 +59,31 @@ def sample_view(split_name: str, split: Any, mtime_ns: int, folder: str | None =
                 mtime_ns,
                 file_tokens=split.sample_tokens,
                 xattr_names=(XATTR_DATASET, XATTR_PIECES) + ((XATTR_PHASE,) if phased else ()),
+                xattrs=xattrs, keep=split, describe_file=describe_file)
+
+
+def beyond_view(split_name: str, split: Any, mtime_ns: int) -> View:
+    """The samples past a split's own that a restart phase's cyclic sampler reads (its
+    relaunch's dataset is longer than its share of the run): `/<split>/beyond`, file f
+    being the split's sample id len(split) + f (docs/phases.md)."""
+    first = len(split)
+
+    def xattrs(f: int) -> dict[str, bytes]:
+        dataset, pieces = split.provenance(first + f)
+        return {XATTR_DATASET: dataset.encode(),
+                XATTR_PIECES: " ".join(f"{s}:{o}:{n}" for s, o, n in pieces).encode(),
+                XATTR_PHASE: str(sample_phase(split.indices, first + f)).encode()}
+
+    def describe_file(f: int) -> str:
+        try:
+            gpt, k = split.locate(first + f)
+        except Exception as exc:  # the index itself is bad: say that
+            return f" ({exc})"
+        phase = sample_phase(split.indices, first + f)
+        return f" (sample {first + f}: dataset {gpt.name}, its sample {k}, phase {phase})"
+
+    return View(beyond_dir(split_name), split.beyond, split.dtype, "beyond", split.c, mtime_ns,
+                file_tokens=split.sample_tokens, xattr_names=(XATTR_DATASET, XATTR_PIECES, XATTR_PHASE),
                 xattrs=xattrs, keep=split, describe_file=describe_file)
 
 
@@ -117,6 +144,7 @@ def declare_views(corpus: Any, dataset_mtimes: dict[str, int], mtime_ns: int) ->
     """Every view of a corpus: each split's samples, each dataset's documents
     and sequences, each rank's micro-batches."""
     views = [sample_view(name, split, mtime_ns) for name, split in corpus.splits.items()]
+    views += [beyond_view(name, split, mtime_ns) for name, split in corpus.splits.items() if split.beyond]
     views += rank_views(corpus, mtime_ns)
     views += phase_views(corpus, mtime_ns)
     sources = {id(s.dataset): s for s in corpus.sources.values()}
@@ -158,6 +186,11 @@ def rank_views(corpus: Any, mtime_ns: int) -> list[View]:
     if training is None:
         return []
     plans = plan_splits(training, {name: len(split) for name, split in corpus.splits.items()})
+    for name, split in corpus.splits.items():  # a phased run's cyclic samplers: one per phase
+        phased = split_sampler(split.indices, training.dataloader_type, training.micro_batch_size,
+                               training.data_parallel_size, training.data_sharding)
+        if phased is not None:
+            plans[name] = phased.plan(0, whole_pass=False)
     width = rank_name_width(training.data_parallel_size)
     views = []
     for name, plan in plans.items():

@@ -11,11 +11,14 @@ import numpy as np
 from mmfs import __version__
 from mmfs.megatron.phases.evaluations import eval_schedule
 from mmfs.megatron.phases.facts import describe_phases
+from mmfs.megatron.phases.sampling import beyond_count
 from mmfs.megatron.sampling.rankplan import plan_kind
 from mmfs.mount.contract import (
     DOCUMENTS,
     FILE_NAMES,
     KEY_ADD_EXTRA_TOKEN,
+    KEY_BEYOND,
+    KEY_BEYOND_SAMPLES,
     KEY_BYTES_PER_MICROBATCH,
     KEY_BYTES_PER_SAMPLE,
     KEY_DATA_PARALLEL_SIZE,
@@ -40,6 +43,7 @@ from mmfs.mount.contract import (
     SAMPLES,
     SEQUENCES,
     XATTR_DOCS,
+    beyond_dir,
     dataset_dir,
     name_width,
     phase_dir,
@@ -133,6 +137,10 @@ def _split(name: str, s: Any) -> dict[str, Any]:
     if len(s) > 0:
         out[KEY_PATH] = sample_dir(name).lstrip("/")
         out[KEY_NAME_WIDTH] = name_width(len(s))
+    beyond = beyond_count(s)
+    if beyond:  # ids len(s) on: a restart phase's dataset past its samples (docs/phases.md)
+        out[KEY_BEYOND] = {KEY_PATH: beyond_dir(name).lstrip("/"), KEY_NAME_WIDTH: name_width(beyond),
+                           KEY_BEYOND_SAMPLES: beyond}
     return out
 
 

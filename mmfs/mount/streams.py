@@ -5,7 +5,9 @@
 File j of rank folder RRR is the j-th micro-batch Megatron's sampler, built with
 data_parallel_size D, micro_batch_size M and consumed_samples C, yields to that
 rank in one pass: to the end of the split (single) or of the current epoch
-(cyclic). The sampler defaults to the `training:` block's (else single), sharding
+(cyclic). In a run in phases under cyclic, each phase has its own sampler
+(sampling/phaseplan.py): the rest of C's phase, each later phase, the last one's
+pass. The sampler defaults to the `training:` block's (else single), sharding
 to its data_sharding (else Megatron's default, true).
 
 A layout folder exists when it is looked up (the streams folder lists nothing).
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmfs.config.training import MAX_DATA_PARALLEL_SIZE
+from mmfs.megatron.phases.sampling import split_sampler
 from mmfs.megatron.sampling.rankplan import RankPlan, native_plan, plan_stream
 from mmfs.megatron.sampling.samplers import SamplerError
 from mmfs.mount.contract import STREAM_NAME, STREAM_NAME_HELP, name_width, rank_name_width, streams_dir
@@ -155,8 +158,7 @@ class Streams:
 
 
 def _held_bytes(layout: StreamLayout) -> int:
-    perm = layout.plan.permutation
-    return 0 if perm is None else perm.nbytes
+    return layout.plan.permutation_bytes
 
 
 class StreamLayout:
@@ -164,8 +166,11 @@ class StreamLayout:
 
     def __init__(self, split_name: str, name: str, split: Any, layout: Layout, mtime_ns: int) -> None:
         self.path = f"{streams_dir(split_name)}/{name}"
-        self.plan: RankPlan = plan_stream(len(split), layout.micro_batch_size, layout.data_parallel_size,
-                                          layout.consumed, layout.dataloader_type, layout.data_sharding)
+        phased = split_sampler(split.indices, layout.dataloader_type, layout.micro_batch_size,
+                               layout.data_parallel_size, layout.data_sharding)
+        self.plan: RankPlan = phased.plan(layout.consumed) if phased is not None else \
+            plan_stream(len(split), layout.micro_batch_size, layout.data_parallel_size, layout.consumed,
+                        layout.dataloader_type, layout.data_sharding)
         self.plan_c = native_plan(self.plan)
         dp = layout.data_parallel_size
         width = rank_name_width(dp)

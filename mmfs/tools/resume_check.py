@@ -19,6 +19,8 @@ from typing import Any
 from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
 from mmfs.megatron.phases.resume import PhaseResume, compare
+from mmfs.megatron.phases.sampling import cyclic_spans, sample_phase
+from mmfs.megatron.sampling.phaseplan import check_phased_resume
 from mmfs.megatron.sampling.resume import ResumeReport, Sampling, check_resume
 from mmfs.megatron.sampling.samplers import SamplerError
 from mmfs.mount.streams import parse_layout
@@ -49,12 +51,16 @@ def _ids(ids: Any) -> str:
     return shown + (" ..." if ids.size > SHOWN else "")
 
 
-def describe(report: ResumeReport, split: str, old: Sampling, new: Sampling, consumed: int) -> str:
+def describe(report: ResumeReport, split: str, old: Sampling, new: Sampling, consumed: int,
+             phase: int | None = None) -> str:
+    """The report in words; phase: the phase whose own sampler was checked (docs/phases.md)."""
     def name(s: Sampling) -> str:
         sharding = f",sharding={str(s.data_sharding).lower()}" if s.dataloader_type == "cyclic" else ""
         return f"dp={s.data_parallel_size},mbs={s.micro_batch_size},sampler={s.dataloader_type}{sharding}"
 
     where = f"epoch {report.epoch} of {split}" if report.epoch is not None else split
+    if phase is not None:
+        where = f"phase {phase}'s own sampler" + ("" if report.epoch is None else f", its epoch {report.epoch}")
     lines = [f"{name(old)} up to consumed_samples {consumed}, then {name(new)}: {where}: "
              f"{report.expected} samples in the old layout's pass, {report.read_before} read before, "
              f"{report.read_after} after"]
@@ -66,20 +72,21 @@ def describe(report: ResumeReport, split: str, old: Sampling, new: Sampling, con
     return "\n".join(lines)
 
 
-def _by_phase(phases: Any, ids: Any) -> dict[str, int]:
+def _by_phase(split: Any, ids: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     for i in ids.tolist():
-        k = str(phases.phase_of(i))
+        k = str(sample_phase(split, i))  # (ids past the run's samples: a restart phase's own)
         out[k] = out.get(k, 0) + 1
     return out
 
 
-def _phase_facts(phases: Any, report: ResumeReport, consumed: int) -> dict[str, Any]:
+def _phase_facts(split: Any, report: ResumeReport, consumed: int) -> dict[str, Any]:
+    phases = split.phases
     k = phases.phase_of(consumed)
     start, end = phases.bounds()[k]
     return {"phase_at_resume": k, "phase_at_resume_samples": [start, end],
-            "repeated_by_phase": _by_phase(phases, report.repeated),
-            "skipped_by_phase": _by_phase(phases, report.skipped)}
+            "repeated_by_phase": _by_phase(split, report.repeated),
+            "skipped_by_phase": _by_phase(split, report.skipped)}
 
 
 def _describe_phases(facts: dict[str, Any]) -> str:
@@ -151,12 +158,17 @@ def resume_check_command(args: Any) -> int:
         raise ResumeCheckError(f"{args.config}: the {args.split} split has no samples")
     old = Sampling(t.data_parallel_size, t.micro_batch_size, t.dataloader_type, t.data_sharding)
     new = parse_to(args.to, args.consumed, t)
+    split = corpus.splits[args.split].indices
+    phases = corpus.config.phases if args.split == "train" else None
+    in_phase = phases is not None and "cyclic" in (old.dataloader_type, new.dataloader_type)
     try:
-        report = check_resume(len(corpus.splits[args.split]), old, args.consumed, new)
+        if in_phase:  # each phase its own sampler (docs/phases.md): checked within the phase the job resumes in
+            report = check_phased_resume(cyclic_spans(split), old, args.consumed, new)
+        else:
+            report = check_resume(len(corpus.splits[args.split]), old, args.consumed, new)
     except SamplerError as exc:
         raise ResumeCheckError(f"--consumed {args.consumed} --to {args.to}: {exc}") from None
-    phases = corpus.config.phases if args.split == "train" else None
-    facts = {} if phases is None else _phase_facts(phases, report, args.consumed)
+    facts = {} if phases is None else _phase_facts(split, report, args.consumed)
     resumed = None if args.to_config is None else _to_config(args, corpus)
     if args.json:
         print(json.dumps({"exactly_once": report.exactly_once and (resumed is None or resumed.exactly_once),
@@ -167,7 +179,7 @@ def resume_check_command(args: Any) -> int:
                           "first_skipped": report.skipped[:SHOWN].tolist(), **facts,
                           **({} if resumed is None else {"phases": _resumed_json(resumed)})}))
     else:
-        print(describe(report, args.split, old, new, args.consumed))
+        print(describe(report, args.split, old, new, args.consumed, facts["phase_at_resume"] if in_phase else None))
         if facts:
             print(_describe_phases(facts))
         if resumed is not None:

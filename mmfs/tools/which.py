@@ -17,7 +17,10 @@ next): Megatron's evaluate() reads a constant eval global batch per step
 
 In a run in phases (config `phases:`, docs/phases.md) the answer names the phase
 of the batch and of each train sample: the phase whose samples
-[start_sample, end_sample) of the run hold it. Under phase_mode restart each
+[start_sample, end_sample) of the run hold it (or, for an id past the run's, the
+restart phase whose own dataset holds it). Under the cyclic sampler each phase's
+train iterations are read by its own sampler (sampling/phaseplan.py's
+PhasedSampler). Under phase_mode restart each
 relaunch evaluates on its own valid and test (megatron/phases/evals.py): an
 evaluation step of valid is read by the launch that runs its evaluation, from
 that phase's valid, by the loader the launch built at its consumed_valid_samples
@@ -43,7 +46,8 @@ import numpy as np
 from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
 from mmfs.megatron.phases.evaluations import eval_schedule, launch_of, valid_launches
-from mmfs.megatron.sampling.rankplan import microbatch_ids, plan_ranks, resumed_microbatch, stream_microbatch
+from mmfs.megatron.phases.sampling import sample_phase, split_sampler
+from mmfs.megatron.sampling.rankplan import microbatch_ids, plan_kind, plan_ranks, resumed_microbatch, stream_microbatch
 from mmfs.megatron.sampling.samplers import SamplerError
 from mmfs.mount.contract import (
     MANIFEST,
@@ -128,13 +132,16 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
     if launch is not None:
         reader = corpus.phase_splits[launch["phase"]][split]
         phase_width = phase_name_width(len(corpus.phase_splits))
-    plan = plan_ranks(len(reader), mbs, dp, t.dataloader_type, t.data_sharding)
+    # a run in phases under the cyclic sampler: each phase's own sampler (docs/phases.md)
+    phased = split_sampler(reader.indices, t.dataloader_type, mbs, dp, t.data_sharding)
+    plan = phased.plan(0, whole_pass=False) if phased is not None else \
+        plan_ranks(len(reader), mbs, dp, t.dataloader_type, t.data_sharding)
     datasets = {d.name: d.dataset for d in corpus.datasets}
     phases = corpus.config.phases if split == "train" else None
     out: dict[str, Any] = {
         "config": config_path, "split": split, "iteration": iteration,
         "consumed_samples": [start, start + batch_size], "global_batch_size": batch_size,
-        "sampler": plan.kind, "data_parallel_size": dp, "micro_batch_size": mbs,
+        "sampler": plan_kind(t.dataloader_type, t.data_sharding), "data_parallel_size": dp, "micro_batch_size": mbs,
         "microbatches_per_iteration": per_iteration,
         **({} if phases is None else {"phases": _phases_of(phases, start, start + batch_size)}),
         **({} if launch is None else {"phases": [launch]}),
@@ -150,6 +157,9 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
                     at = launch["loader_consumed_samples"]
                     found = resumed_microbatch(len(reader), mbs, dp, at, t.dataloader_type, t.data_sharding, r,
                                                (start - at) // (mbs * dp) + k, passes)
+                elif phased is not None:  # the phase's own sampler (rebuilt at C for a resumed job)
+                    found = phased.microbatch(r, n) if consumed is None else phased.resumed_microbatch(start, r, k)
+                    found = found[:2]
                 elif consumed is not None:  # a job resumed at C: Megatron's sampler rebuilt there
                     found = resumed_microbatch(len(reader), mbs, dp, start, t.dataloader_type, t.data_sharding, r, k,
                                                passes)
@@ -159,7 +169,7 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
                 raise WhichError(f"{split}: {exc}") from None
             if found is None:
                 raise WhichError(
-                    f"{split}: consumed_samples {start} is past the end of the {split} split for the {plan.kind} "
+                    f"{split}: consumed_samples {start} is past the end of the {split} split for the {out['sampler']} "
                     f"sampler ({plan.files_per_rank} micro-batches per rank of {mbs * dp} samples in all); "
                     "Megatron's iterator has ended there"
                 )
@@ -260,8 +270,8 @@ def _sample(reader, datasets: dict, i: int, decode, phases=None, launch: dict | 
         rows.append(row)
         start += length
     out = {"sample": i, "dataset": name, "pieces": rows}
-    if phases is not None:
-        out["phase"] = phases.phase_of(i)
+    if phases is not None:  # (an id past the run's samples: a restart phase's own, in beyond/)
+        out["phase"] = sample_phase(reader.indices, i)
     elif launch is not None:  # a sample of that phase's own valid or test
         out["phase"] = launch["phase"]
     return out

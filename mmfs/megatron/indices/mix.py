@@ -17,20 +17,34 @@ def sequence_lengths(dataset) -> np.ndarray:
     return np.asarray(read() if read else dataset.sequence_lengths)
 
 
+def _entries(split: SplitIndices, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(GPTDataset, the id its __getitem__ takes) of each top-level sample id; ids past
+    the split's own samples are a restart phase's own (phases/sampling.py's beyond)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    own = ids < len(split)
+    which, inner = np.zeros(len(ids), dtype=np.int16), ids.copy()
+    if split.blend is not None:
+        which[own] = np.asarray(split.blend.dataset_index)[ids[own]]
+        inner[own] = np.asarray(split.blend.dataset_sample_index)[ids[own]]
+    if not own.all():
+        from mmfs.megatron.phases.sampling import beyond_runs  # (phases build on these counts)
+
+        runs = np.asarray(beyond_runs(split), dtype=np.int64).reshape(-1, 4)  # first, count, gpt, sample
+        at = ids[~own] - len(split)
+        r = np.searchsorted(runs[:, 0], at, side="right") - 1
+        which[~own], inner[~own] = runs[r, 2], runs[r, 3] + at - runs[r, 0]
+    return which, inner
+
+
 def dataset_of(split: SplitIndices, ids: np.ndarray) -> np.ndarray:
     """The GPTDataset (position in split.gpts) of each top-level sample id."""
-    if split.blend is None:
-        return np.zeros(len(ids), dtype=np.int16)
-    return np.asarray(split.blend.dataset_index)[ids]
+    return _entries(split, ids)[0]
 
 
 def gpt_samples(split: SplitIndices, ids: np.ndarray) -> list[np.ndarray]:
     """For each GPTDataset of the split, the ids (of its __getitem__) that the
     top-level samples `ids` read, in the order given."""
-    if split.blend is None:
-        return [np.asarray(ids, dtype=np.int64)]
-    which = np.asarray(split.blend.dataset_index)[ids]
-    inner = np.asarray(split.blend.dataset_sample_index)[ids]
+    which, inner = _entries(split, ids)
     order = np.argsort(which, kind="stable")
     ends = np.cumsum(np.bincount(which, minlength=len(split.gpts)))
     inner = inner[order]

@@ -29,6 +29,7 @@ from mmfs.megatron.phases.plan import (
     used_up,
     wrap,
 )
+from mmfs.megatron.phases.sampling import PhaseTail, blend_tail, gpt_tail
 
 PHASED_ARRAYS = {
     "dataset_index": (("int16",), 1),
@@ -48,6 +49,7 @@ class PhasedSplit(SplitIndices):
     slices: list[PhaseSlice] = field(default_factory=list)
     draws: np.ndarray | None = None  # int64[phases, gpts]
     evals: list[dict[str, SplitIndices]] = field(default_factory=list)
+    tails: list[PhaseTail] = field(default_factory=list)  # restart: each phase's dataset past its samples
 
     @property
     def positions(self) -> np.ndarray:
@@ -226,4 +228,9 @@ class _RestartPlan:
         task = self.builder.phased_task(self.phases, slices, [g.cache.base for g in gpts], gpts[0].spec,
                                         lambda: restart_blend(slices, blends, len(gpts)))
         self.builder._run([task])
-        return _split(self.phases, slices, gpts, task)
+        split = _split(self.phases, slices, gpts, task)
+        # what each relaunch's own dataset holds past the phase's samples (its cyclic sampler reads it)
+        split.tails = [gpt_tail(s.members[0], len(gpts[s.members[0]]), s.size) if p.bare else
+                       blend_tail(b["dataset_index"], b["dataset_sample_index"], list(s.members), s.size)
+                       for p, s, b in zip(self.phases.phases, slices, blends)]
+        return split

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from mmfs.megatron.phases.evaluations import EvalSchedule, test_launches, valid_launches
+from mmfs.megatron.phases.sampling import sampler_facts
 
 
 def describe_phases(split: Any, schedule: EvalSchedule | None = None) -> dict[str, Any]:
@@ -19,6 +20,7 @@ def describe_phases(split: Any, schedule: EvalSchedule | None = None) -> dict[st
     phases = split.phases
     positions = split.positions
     evals = describe_evals(split, schedule)
+    sampled = sampler_facts(split)
     out = []
     for k, (p, s) in enumerate(zip(phases.phases, split.slices)):
         rows = []
@@ -47,6 +49,7 @@ def describe_phases(split: Any, schedule: EvalSchedule | None = None) -> dict[st
             "samples": s.size,
             # what Megatron builds for the phase's arguments: a bare prefix is the GPTDataset itself
             "megatron_dataset": "GPTDataset" if p.bare else "BlendedDataset",
+            **sampled[k],  # what its cyclic sampler draws from, and the ids of those past `samples`
             "datasets": rows,
             **({"splits": evals[k]} if evals else {}),
         })

@@ -58,6 +58,8 @@ class RankPlan:
     whole_pass:  every rank reads to the end of its pass (a stream); else every
                  rank has files_per_rank files (the rank views: an unsharded rank
                  may read a few more before its pass ends)
+    phases:      kind "phased" (a run in phases under the cyclic sampler): each
+                 phase's own pass, a PhasePass of sampling/phaseplan.py, in order
     """
 
     kind: str
@@ -70,13 +72,23 @@ class RankPlan:
     start: int = 0
     epoch: int = 0
     whole_pass: bool = False
+    phases: tuple = ()
 
     @property
     def samples_per_step(self) -> int:
         return self.micro_batch_size * self.data_parallel_size
 
+    @property
+    def permutation_bytes(self) -> int:
+        """Memory its permutations hold (each phase's own, for a phased plan)."""
+        own = 0 if self.permutation is None else self.permutation.nbytes
+        return own + sum(p.plan.permutation_bytes for p in self.phases)
+
     def files_of(self, rank: int) -> int:
         """The micro-batches `rank` reads in this pass."""
+        if self.kind == "phased":  # only the last phase's pass may end earlier for some ranks
+            last = self.phases[-1]
+            return last.first_file + last.plan.files_of(rank)
         if self.kind != "unsharded" or not self.whole_pass:
             return self.files_per_rank
         # perm[start:][rank::dp], cut to whole micro-batches
@@ -119,15 +131,11 @@ def plan_splits(training_cfg: Any, split_lengths: dict[str, int]) -> dict[str, R
 
 
 _KIND_CODES = {"single": lib.MMFS_PLAN_SINGLE, "sharded": lib.MMFS_PLAN_SHARDED,
-               "unsharded": lib.MMFS_PLAN_UNSHARDED}
+               "unsharded": lib.MMFS_PLAN_UNSHARDED, "phased": lib.MMFS_PLAN_PHASED}
 
 
-def native_plan(plan: RankPlan, placer: ArrayPlacer | None = None):
-    """The plan as the C struct `mmfs_rank_plan *` (native/mmfs_native.h), for the
-    C reader of rank files (mmfs_microbatch_ids). The struct points into
-    plan.permutation, placed by `placer` (in memory, or read with pread): keep
-    the plan alive as long as the struct."""
-    c = ffi.new("mmfs_rank_plan *")
+def _fill(c, plan: RankPlan, placer: ArrayPlacer) -> list:
+    """Write `plan` into the struct c; the cdata it points into, to keep alive."""
     c.kind = _KIND_CODES[plan.kind]
     c.micro_batch_size = plan.micro_batch_size
     c.data_parallel_size = plan.data_parallel_size
@@ -136,10 +144,28 @@ def native_plan(plan: RankPlan, placer: ArrayPlacer | None = None):
     c.bucket_size = plan.bucket_size
     perm = plan.permutation
     if perm is not None and perm.size:
-        placed = (placer or ArrayPlacer()).place(c.permutation, perm)
+        placed = placer.place(c.permutation, perm)
         if placed is not perm:
             raise ValueError("plan.permutation must be C-contiguous, native int32 or int64")
-    return c
+    keep: list = []
+    if plan.phases:
+        phases = ffi.new("mmfs_phase_plan[]", len(plan.phases))
+        for cp, p in zip(phases, plan.phases):
+            cp.first_file, cp.first_id, cp.listed, cp.beyond_id = p.first_file, p.first_id, p.listed, p.beyond_id
+            keep += _fill(ffi.addressof(cp, "plan"), p.plan, placer)
+        c.phases, c.num_phases = phases, len(plan.phases)
+        keep.append(phases)
+    return keep
+
+
+def native_plan(plan: RankPlan, placer: ArrayPlacer | None = None):
+    """The plan as the C struct `mmfs_rank_plan *` (native/mmfs_native.h), for the
+    C reader of rank files (mmfs_microbatch_ids). The struct points into
+    plan.permutation (each phase's, for a phased plan), placed by `placer` (in memory,
+    or read with pread): keep the plan alive as long as the struct."""
+    c = ffi.new("mmfs_rank_plan *")
+    keep = _fill(c, plan, placer or ArrayPlacer())
+    return ffi.gc(c, lambda _c, _keep=keep: None) if keep else c
 
 
 # torch.Generator.manual_seed takes seeds up to 2**64 - 1 (and keeps their low 32
@@ -298,6 +324,10 @@ def stream_order(plan: RankPlan) -> np.ndarray:
     ids as microbatch_ids(plan, r, j), for every file of every rank at once."""
     mbs, dp, files = plan.micro_batch_size, plan.data_parallel_size, plan.files_per_rank
     n = files * mbs * dp
+    if plan.kind == "phased":  # each phase's own files in turn, their ids read as the split's
+        parts = [np.where(local < p.listed, p.first_id + local, p.beyond_id + local - p.listed)
+                 for p in plan.phases for local in (stream_order(p.plan),)]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
     if plan.kind == "single":
         return np.arange(plan.start, plan.start + n, dtype=np.int64)
     perm = np.asarray(plan.permutation, dtype=np.int64)

@@ -50,12 +50,15 @@ class ResumeReport:
         return self.repeated.size == 0 and self.skipped.size == 0
 
 
-def _pass_ids(total: int, s: Sampling, consumed: int) -> tuple[list[np.ndarray], int]:
+def _pass_ids(total: int, s: Sampling, consumed: int, end: int | None = None) -> tuple[list[np.ndarray], int]:
     """(each rank's micro-batches [files, mbs], the epoch) of the pass the sampler
-    makes from `consumed`."""
+    makes from `consumed` (cut where the job stops at consumed_samples `end`)."""
     plan = plan_stream(total, s.micro_batch_size, s.data_parallel_size, consumed, s.dataloader_type,
                        s.data_sharding)
-    return [rank_ids(plan, r) for r in range(s.data_parallel_size)], plan.epoch
+    ranks = [rank_ids(plan, r) for r in range(s.data_parallel_size)]
+    if end is not None:
+        ranks = [ids[:max(0, (end - consumed) // s.group)] for ids in ranks]
+    return ranks, plan.epoch
 
 
 MAX_PASSES = 1000  # a cyclic job's passes walked (each makes its epoch's permutation)
@@ -90,21 +93,22 @@ def job_reads(total: int, s: Sampling, steps: int) -> tuple[np.ndarray, np.ndarr
     return np.concatenate(ids), np.concatenate(epochs)
 
 
-def check_resume(total: int, old: Sampling, consumed: int, new: Sampling) -> ResumeReport:
+def check_resume(total: int, old: Sampling, consumed: int, new: Sampling, end: int | None = None) -> ResumeReport:
     """The report for a job on `old` up to `consumed` resumed on `new`
-    (SamplerError where Megatron's samplers refuse it)."""
+    (SamplerError where Megatron's samplers refuse it); end: where both jobs stop
+    (a phase's end: sampling/phaseplan.py), else each pass runs to its epoch's end."""
     if consumed < 0 or consumed % old.group:
         raise SamplerError(f"consumed_samples {consumed} is not a multiple of the old layout's micro_batch_size "
                            f"x data_parallel_size = {old.group}: the job cannot have stopped there")
-    after, epoch = _pass_ids(total, new, consumed)
+    after, epoch = _pass_ids(total, new, consumed, end)
     before, before_epochs = job_reads(total, old, consumed // old.group)
     cyclic = new.dataloader_type == "cyclic"
     if cyclic:
         before = before[before_epochs == epoch]
         old_active = total - total % old.group
-        expected = np.concatenate([p.ravel() for p in _pass_ids(total, old, epoch * old_active)[0]])
+        expected = np.concatenate([p.ravel() for p in _pass_ids(total, old, epoch * old_active, end)[0]])
     else:
-        expected = np.concatenate([p.ravel() for p in _pass_ids(total, old, 0)[0]])
+        expected = np.concatenate([p.ravel() for p in _pass_ids(total, old, 0, end)[0]])
     read_after = np.concatenate([p.ravel() for p in after])
     counts = np.bincount(np.concatenate([before, read_after]), minlength=total)
     wanted = np.unique(expected)

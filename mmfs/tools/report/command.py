@@ -21,6 +21,7 @@ from mmfs.errors import MmfsError
 from mmfs.megatron import open_corpus
 from mmfs.megatron.indices.mix import dataset_of, epochs_in_index, gpt_samples, sample_cuts, sequence_lengths
 from mmfs.megatron.indices.splits import normalize
+from mmfs.megatron.phases.sampling import split_sampler
 from mmfs.megatron.sampling.rankplan import plan_ranks, rank_of_position, stream_order
 from mmfs.tools.report.phases import (
     dataset_groups,
@@ -84,13 +85,17 @@ def _dataset(entry, lengths: np.ndarray) -> dict[str, Any]:
 # -- one split ---------------------------------------------------------------------------
 
 
-def _run(corpus, name: str, total: int) -> tuple[Any, np.ndarray, dict[str, Any]]:
+def _run(corpus, name: str, indices) -> tuple[Any, np.ndarray, dict[str, Any]]:
     """(the rank plan or None, the sample ids in the order the run reads them, the run's
     extent): the train split by iterations of the batch-size schedule, the others (and
     a config without a training: block) by samples."""
     t = corpus.config.training
-    plan = None if t is None else plan_ranks(total, t.micro_batch_size, t.data_parallel_size,
-                                             t.dataloader_type, t.data_sharding)
+    total = len(indices)
+    phased = None if t is None else split_sampler(indices, t.dataloader_type, t.micro_batch_size,
+                                                  t.data_parallel_size, t.data_sharding)
+    plan = phased.plan(0, whole_pass=False) if phased is not None else \
+        None if t is None else plan_ranks(total, t.micro_batch_size, t.data_parallel_size, t.dataloader_type,
+                                          t.data_sharding)
     order = np.arange(total, dtype=np.int64) if plan is None else stream_order(plan)
     run: dict[str, Any] = {"axis": "sample", "samples": len(order), "iterations": None, "notes": []}
     if plan is not None and len(order) < total:
@@ -132,7 +137,7 @@ def _windows(run: dict[str, Any], schedule) -> tuple[list[dict[str, int]], list[
 def _split(corpus, name: str, indices, lengths: dict[str, np.ndarray]) -> dict[str, Any]:
     t = corpus.config.training
     schedule = None if t is None else t.schedule
-    plan, ids, run = _run(corpus, name, len(indices))
+    plan, ids, run = _run(corpus, name, indices)
     gpts = indices.gpts
     which = dataset_of(indices, ids)
     windows, bands = _windows(run, schedule)
@@ -210,7 +215,8 @@ def _lengths(own: np.ndarray) -> dict[str, Any]:
 def _ranks(plan, which: np.ndarray, datasets: int, drawn: np.ndarray) -> dict[str, Any]:
     """The share of each dataset in what each data-parallel rank reads of the run."""
     dp = plan.data_parallel_size
-    out: dict[str, Any] = {"data_parallel_size": dp, "sampler": plan.kind}
+    out: dict[str, Any] = {"data_parallel_size": dp, "sampler": plan.kind if plan.kind != "phased" else
+                           "sharded" if plan.phases and plan.phases[0].plan.kind == "sharded" else "unsharded"}
     if dp * datasets > MAX_RANK_CELLS:
         out["note"] = f"{dp} ranks x {datasets} datasets: only each dataset's spread over the ranks is kept"
         return out | _spread_by_chunks(plan, which, datasets, drawn)
