@@ -65,7 +65,7 @@ def mmfs_get(url: str, etag: str):
 
     def get(offset: int, n: int) -> bytes:
         buf = bytearray(n)
-        status, _ = endpoint.get_range(path, [f"If-Match: {etag}"], offset, memoryview(buf), 30.0, sign)
+        status, _ = endpoint.get_range(path, [], offset, memoryview(buf), 30.0, sign, if_match=etag)
         assert status == 206, status
         return bytes(buf)
     return get

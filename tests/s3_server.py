@@ -69,9 +69,13 @@ class FaultProxy:
     two bytes on, of the same length, with its own honest Content-Range) | "hang"
     (the request is taken and never answered, until `release()`) | "trickle" (the
     headers, then the body at a byte a second) | "flip" (a byte of the body changed) |
+    "301" | "307" (a redirect to `location` + the request's path, with no body) |
     None; with `match`, only requests whose path holds it; `down` refuses every
     connection; `delay` (seconds) before each request. `connections` counts the
-    connections made to it."""
+    connections made to it. Quirks of some stores, on every request: `drop_if_match`
+    passes requests on without their If-Match (a store that ignores it);
+    `expired_tokens` answers a request signed with one of those session tokens as
+    S3 does an expired one (400 ExpiredToken)."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
@@ -91,6 +95,10 @@ class FaultProxy:
         self.injected = 0
         self.connections = 0
         self.match: str | None = None
+        self.location = ""
+        self.drop_if_match = False
+        self.expired_tokens: set[str] = set()
+        self.refused_tokens = 0  # requests answered ExpiredToken
         self._released = threading.Event()
         self._lock = threading.Lock()
         proxy = self
@@ -161,6 +169,16 @@ class FaultProxy:
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
         fault = self._take_fault(h, h.command == "GET" and "Range" in h.headers)
+        if h.headers.get("x-amz-security-token") in self.expired_tokens:
+            with self._lock:
+                self.refused_tokens += 1
+            fault = "expired"
+        if fault in ("301", "307"):
+            h.send_response(int(fault))
+            h.send_header("Location", self.location + h.path)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         if fault == "hang":
             self._released.wait(600)
             h.close_connection = True
@@ -174,9 +192,9 @@ class FaultProxy:
             with contextlib.suppress(OSError):
                 h.connection.shutdown(socket.SHUT_RDWR)
             return
-        if fault in ("503", "500", "deny"):
+        if fault in ("503", "500", "deny", "expired"):
             status, code = {"503": (503, "SlowDown"), "500": (500, "InternalError"),
-                            "deny": (403, "AccessDenied")}[fault]
+                            "deny": (403, "AccessDenied"), "expired": (400, "ExpiredToken")}[fault]
             payload = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code>"
                        f"<Message>injected</Message></Error>").encode()
             h.send_response(status)
@@ -188,7 +206,8 @@ class FaultProxy:
             return
         conn = http.client.HTTPConnection("127.0.0.1", self.target_port, timeout=60)
         try:
-            conn.request(h.command, h.path, body=body, headers=dict(h.headers.items()))
+            headers = {k: v for k, v in h.headers.items() if not (self.drop_if_match and k.lower() == "if-match")}
+            conn.request(h.command, h.path, body=body, headers=headers)
             answer = conn.getresponse()
             length = answer.getheader("Content-Length")
             # a long body (rclone's open-ended ranges) is passed on as it comes, not held whole

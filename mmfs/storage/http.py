@@ -24,11 +24,29 @@ import threading
 
 IDLE_SECONDS = 10
 ERROR_BODY = 64 << 10  # bytes of an error answer kept (its S3 error code)
-_CONTENT_RANGE = re.compile(rb"bytes (\d+)-(\d+)/(\d+|\*)$")
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
 class BadAnswer(Exception):
     """An answer that cannot be this range's bytes (wrong range, wrong length, cut)."""
+
+
+class Redirect(Exception):
+    """A 3xx answer: the store sends the request elsewhere (`location`, "" if it names
+    no place), which is not followed."""
+
+    def __init__(self, status: int, location: str) -> None:
+        super().__init__(f"HTTP {status} to {location or 'no Location'}")
+        self.status, self.location = status, location
+
+
+class OtherVersion(Exception):
+    """A 206 of another version of the object than the one asked for by If-Match
+    (`etag`: the answer's own), as a store that ignores If-Match answers."""
+
+    def __init__(self, etag: str) -> None:
+        super().__init__(f"an answer of the object with ETag {etag}")
+        self.etag = etag
 
 
 def _pycurl():
@@ -44,14 +62,18 @@ class _Answer:
     """One transfer's answer as it comes: header lines kept, a 206 body checked
     against the range asked for before its first byte is written to the buffer."""
 
-    __slots__ = ("offset", "buffer", "n", "at", "lines", "status", "bad", "error")
+    __slots__ = ("offset", "buffer", "n", "at", "lines", "status", "bad", "error", "if_match", "other",
+                 "location")
 
-    def __init__(self, offset: int, buffer: memoryview) -> None:
+    def __init__(self, offset: int, buffer: memoryview, if_match: str | None = None) -> None:
         self.offset, self.buffer, self.n, self.at = offset, buffer, len(buffer), 0
         self.lines: list[bytes] = []  # every header line (libcurl appends them, a call of C)
         self.status = 0
         self.bad = ""
         self.error = b""
+        self.if_match = if_match
+        self.other = ""  # the ETag of a 206 of another version than if_match's
+        self.location = ""  # a 3xx answer's
 
     def head(self) -> None:
         """Status and checks from the header lines of the last answer (a 100 Continue's are skipped)."""
@@ -61,29 +83,32 @@ class _Answer:
             return
         lines = self.lines[starts[-1]:]
         self.status = int(lines[0].split(None, 2)[1])
+        fields = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            fields[name.strip().lower()] = value.strip().decode("latin-1")
+        if 300 <= self.status < 400:
+            self.location = fields.get(b"location", "")
         if self.status == 200:
             self.bad = f"the store answered the whole object, not bytes {self.offset}..{self.offset + self.n}"
         elif self.status == 206:
-            found = length = None
-            for line in lines:
-                name, _, value = line.partition(b":")
-                name = name.strip().lower()
-                if name == b"content-range":
-                    found = value.strip()
-                elif name == b"content-length":
-                    length = value.strip()
-            matched = _CONTENT_RANGE.match(found or b"")
+            etag = fields.get(b"etag")
+            if self.if_match and etag is not None and _weakless(etag) != _weakless(self.if_match):
+                self.other = etag
+                return
+            found, length = fields.get(b"content-range"), fields.get(b"content-length")
+            matched = _CONTENT_RANGE.match(found or "")
             end = self.offset + self.n - 1
             if not matched or int(matched.group(1)) != self.offset or int(matched.group(2)) != end:
-                shown = found.decode("latin-1") if found is not None else "no Content-Range"
+                shown = found if found is not None else "no Content-Range"
                 self.bad = f"answered {shown!r}, not bytes {self.offset}-{end}"
             elif length is not None and int(length) != self.n:
-                self.bad = f"a body of {length.decode('latin-1')} bytes for a range of {self.n}"
+                self.bad = f"a body of {length} bytes for a range of {self.n}"
 
     def write(self, data: bytes) -> int | None:
         if not self.status:
             self.head()
-        if self.bad:
+        if self.bad or self.other:
             return 0  # libcurl ends the transfer (CURLE_WRITE_ERROR)
         if self.status != 206:
             if len(self.error) < ERROR_BODY:
@@ -119,18 +144,21 @@ class Endpoint:
         return local.curl
 
     def get_range(self, path: str, headers: list[str], offset: int, buffer: memoryview, timeout: float,
-                  sign: tuple[str, str, str, str, str | None] | None) -> tuple[int, str]:
+                  sign: tuple[str, str, str, str, str | None] | None, if_match: str | None = None) -> tuple[int, str]:
         """One GET of `path` for bytes [offset, offset + len(buffer)) (the Range
-        header is added here), finished within `timeout` seconds and signed with
-        `sign` = (region, service, access key, secret key, session token), or not
-        at all (None). Returns (status, S3 error code or ""); a 206 answer's body is
-        in `buffer`, checked against the range asked for. Raises BadAnswer for an
-        answer that is not that range, OSError for a failed connection or a
-        deadline passed."""
+        header is added here, and If-Match when `if_match` is an ETag), finished
+        within `timeout` seconds and signed with `sign` = (region, service, access
+        key, secret key, session token), or not at all (None). Returns (status, S3
+        error code or ""); a 206 answer's body is in `buffer`, checked against the
+        range asked for. Raises BadAnswer for an answer that is not that range,
+        OtherVersion for one of another ETag than `if_match`, Redirect for a 3xx,
+        OSError for a failed connection or a deadline passed."""
         pycurl = _pycurl()
         c = self._handle()
-        answer = _Answer(offset, buffer)
+        answer = _Answer(offset, buffer, if_match)
         headers = [*headers, f"Range: bytes={offset}-{offset + answer.n - 1}"]
+        if if_match:
+            headers.append(f"If-Match: {if_match}")
         if sign is not None:
             region, service, key, secret, token = sign
             c.setopt(pycurl.AWS_SIGV4, f"aws:amz:{region}:{service}")
@@ -151,6 +179,8 @@ class Endpoint:
             c.perform()
         except pycurl.error as exc:
             code, message = exc.args[0], " ".join(str(exc.args[-1]).split())
+            if answer.other:
+                raise OtherVersion(answer.other) from None
             if answer.bad:
                 raise BadAnswer(answer.bad) from None
             if code == pycurl.E_OPERATION_TIMEDOUT:
@@ -162,13 +192,22 @@ class Endpoint:
             self.opened += c.getinfo(pycurl.NUM_CONNECTS)
         if not answer.status:
             answer.head()  # an answer without a body
+        if answer.other:
+            raise OtherVersion(answer.other)
         if answer.bad:
             raise BadAnswer(answer.bad)
+        if 300 <= answer.status < 400:
+            raise Redirect(answer.status, answer.location)
         if answer.status != 206:
             return answer.status, _error_code(answer.error) or str(answer.status)
         if answer.at != answer.n:
             raise BadAnswer(f"short body: {answer.at} of {answer.n} bytes")
         return 206, ""
+
+
+def _weakless(etag: str) -> str:
+    """An ETag without its weak marker (W/), as If-Match compares them."""
+    return etag.removeprefix("W/")
 
 
 def _error_code(body: bytes) -> str:

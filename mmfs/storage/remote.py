@@ -55,7 +55,8 @@ def short(exc: BaseException) -> str:
 
 
 class Changed(Exception):
-    """The object is no longer the one looked up (its ETag changed)."""
+    """The object is no longer the one looked up (its ETag changed); its message, if
+    any, says how the store told."""
 
 
 class Permanent(Exception):
@@ -172,9 +173,10 @@ class RemoteObject:
             try:
                 self._get_into(offset, buffer)
                 return
-            except Changed:
+            except Changed as exc:  # (its detail: how the store said so, when not by a 412)
+                detail = f"; {exc}" if str(exc) else ""
                 raise StorageError(f"{self.url}: the object changed since it was opened (its ETag "
-                                   f"is no longer {self.etag}); remount to read the new one") from None
+                                   f"is no longer {self.etag}{detail}); remount to read the new one") from None
             except Permanent as exc:
                 raise StorageError(f"{self.url}: bytes {offset}..{end}: {exc}") from None
             except Transient as exc:

@@ -16,24 +16,44 @@ request in the forked process hangs.) Clients and libcurl handles are made per
 process for the same reason.
 
 Every GET is conditional on the ETag seen when the object was looked up
-(If-Match), so an object replaced while it is read is an error, never a mix of
-old and new bytes. remote.py asks again, `retries` times at most; the lookup's
-HEAD is retried by botocore the same number of times, once.
+(If-Match), and its answer must carry that ETag (a store may ignore If-Match),
+so an object replaced while it is read is an error, never a mix of old and new
+bytes. remote.py asks again, `retries` times at most; the lookup's HEAD is
+retried by botocore the same number of times, once.
+
+No redirect is followed: a store that answers 3xx is one line naming the endpoint
+and where it redirects to (botocore's own S3 region redirect, for an AWS answer
+that names the bucket's region, is left to botocore, once).
+
+Credentials the store refuses as expired are read again from the chain (a new
+session: the shared credentials file, the environment, the profile), at most once
+every RENEW_SECONDS, so a token renewed in the credentials file is taken without
+a remount.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from mmfs.storage.base import NotThere, StorageError, StorageUnavailable
-from mmfs.storage.http import BadAnswer, Endpoint
+from mmfs.storage.http import BadAnswer, Endpoint, OtherVersion, Redirect
 from mmfs.storage.redact import shown_url
 from mmfs.storage.remote import Changed, Permanent, RemoteObject, Transient, register_backend, short
 from mmfs.storage.settings import StorageSettings, endpoint_problem, environment_endpoint
+
+log = logging.getLogger(__name__)
+
+RENEW_SECONDS = 5.0  # between two readings of the credentials the store refused as expired
+# S3's answers to credentials that were valid once: an expired or revoked session token
+EXPIRED = ("ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired", "InvalidToken", "RequestExpired")
+RENEW_HINT = ("if it goes on, renew them (aws_session_token in the shared credentials file, "
+              "AWS_SESSION_TOKEN, or aws sso login for AWS_PROFILE)")
 
 
 def _boto3():
@@ -63,6 +83,8 @@ class Store:
     settings: StorageSettings
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    renewing: threading.Lock = field(default_factory=threading.Lock)
+    renewed: float | None = None  # when the credentials were last read again (time.monotonic)
     _session: Any = None
     _client: Any = None
 
@@ -101,6 +123,27 @@ class Store:
         found = self.session.get_credentials()
         return found.get_frozen_credentials() if found is not None else None
 
+    def renew(self, refused: Any, url: str, code: str) -> bool:
+        """The store refused `refused` as expired (`code`): read the credentials
+        again (a new session and client), unless that was done in the last
+        RENEW_SECONDS (the threads that meet the refusal together read them once).
+        Whether the credentials now differ from `refused` (then ask again)."""
+        with self.renewing:
+            if self.credentials() != refused:
+                return True  # read again by another thread meanwhile
+            now = time.monotonic()
+            if self.renewed is not None and now - self.renewed < RENEW_SECONDS:
+                return False
+            self.renewed = now
+            with self.lock:
+                self._session = self._client = None
+            fresh = self.credentials()
+        outcome = "new ones: reads go on" if fresh != refused else \
+            f"the same ones: reads fail until they change (read again every {RENEW_SECONDS:g} s at most)"
+        log.warning("%s: the store refused the credentials as expired (%s); read them again from the credentials "
+                    "chain (shared credentials file, environment, profile): %s; %s", url, code, outcome, RENEW_HINT)
+        return fresh != refused
+
 
 _STORES: dict[tuple, Store] = {}
 _STORES_LOCK = threading.Lock()
@@ -134,10 +177,46 @@ def _make_client(session: Any, settings: StorageSettings) -> Any:
     if settings.anonymous:
         options["signature_version"] = botocore.UNSIGNED
     try:
-        return session.client("s3", endpoint_url=settings.endpoint_url, region_name=settings.region,
+        made = session.client("s3", endpoint_url=settings.endpoint_url, region_name=settings.region,
                               config=botocore.config.Config(**options))
     except botocore.exceptions.BotoCoreError as exc:  # a malformed profile, say
         raise _setup_failed(exc) from None
+    made.meta.events.register_first("needs-retry.s3", _no_redirect)  # before botocore's region redirector
+    return made
+
+
+class Redirected(Exception):
+    """A lookup's answer was a redirect (3xx) that mmfs does not follow."""
+
+    def __init__(self, status: int, location: str, region: str) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status, self.location, self.region = status, location, region
+
+
+def _no_redirect(response: Any = None, request_dict: Any = None, **_: Any) -> None:
+    """botocore's needs-retry hook: end a request answered 3xx (Redirected). Left
+    to botocore, a redirect without the bucket's region asks the bucket's region by
+    a HEAD that is redirected in turn, recursively (a RecursionError). An AWS
+    answer naming another region for the bucket goes on to botocore, which asks
+    once more, signed for that region (at its S3 endpoint, or at the same custom
+    endpoint); a second redirect ends the request."""
+    http = response[0] if response else None
+    if http is None or not 300 <= http.status_code < 400:
+        return
+    context = (request_dict or {}).get("context", {})
+    region = http.headers.get("x-amz-bucket-region", "")
+    if region and region != context.get("client_region") and not context.get("s3_redirected"):
+        return
+    raise Redirected(http.status_code, http.headers.get("Location", ""), region)
+
+
+def redirect_message(endpoint: str, status: int, location: str, region: str = "") -> str:
+    """Why a redirect is refused, and what to set instead."""
+    where = shown_url(location) if location else "no Location"
+    fix = f"set storage.region (or AWS_REGION) to {region}" if region else \
+        "set storage.endpoint_url (or AWS_ENDPOINT_URL) to the store's own address"
+    return (f"the store at {shown_url(endpoint)} answered HTTP {status}, a redirect to {where}; mmfs "
+            f"follows no redirect (credentials go to the endpoint only): {fix}")
 
 
 def _setup_failed(exc: BaseException) -> StorageUnavailable:
@@ -156,7 +235,6 @@ class S3Object(RemoteObject):
 
     def __init__(self, url: str, settings: StorageSettings) -> None:
         self.bucket, self.key = split_url(url)
-        super().__init__(url, settings)
         # where boto3 would send a GET of the object, and the region it would sign for
         address = urlsplit(client(settings).generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": self.key}, ExpiresIn=60))
@@ -164,8 +242,16 @@ class S3Object(RemoteObject):
         self.path = address.path
         scope = parse_qs(address.query).get("X-Amz-Credential", ["////"])[0].split("/")
         self.scope = (scope[2] or "us-east-1", scope[3] or "s3")
+        super().__init__(url, settings)  # the lookup
 
     def _lookup(self) -> tuple[int, str]:
+        try:
+            return self._head()
+        except Redirected as exc:
+            raise StorageUnavailable(f"{self.url}: {redirect_message(self.base, exc.status, exc.location, exc.region)}"
+                                     ) from None
+
+    def _head(self) -> tuple[int, str]:
         _, botocore = _boto3()
         try:
             meta = client(self.settings).head_object(Bucket=self.bucket, Key=self.key, ChecksumMode="ENABLED")
@@ -203,27 +289,35 @@ class S3Object(RemoteObject):
 
     def _get_into(self, offset: int, buffer: memoryview) -> None:
         here = store(self.settings)
-        endpoint = here.endpoint(self.base)
-        try:
-            found = here.credentials()
-        except Exception as exc:  # a refresh that failed (an instance role unreachable, say)
-            raise Transient(f"no credentials: {short(exc)}") from None
-        sign = None if found is None else (*self.scope, found.access_key, found.secret_key, found.token)
-        try:
-            status, code = endpoint.get_range(self.path, [f"If-Match: {self.etag}"], offset, buffer,
-                                              self.settings.request_timeout, sign)
-        except (BadAnswer, OSError) as exc:  # a wrong range, a cut connection, the deadline
-            raise Transient(short(exc)) from None
-        if status == 206:
-            return
+        for again in (False, True):  # again: with credentials read anew
+            try:
+                found = here.credentials()
+            except Exception as exc:  # a refresh that failed (an instance role unreachable, say)
+                raise Transient(f"no credentials: {short(exc)}") from None
+            status, code = self._attempt(here, found, offset, buffer)
+            if status == 206:
+                return
+            if code not in EXPIRED or again or found is None or not here.renew(found, self.url, code):
+                break
         if status == 412 or code == "PreconditionFailed":
             raise Changed()
+        if code in EXPIRED:
+            raise Permanent(f"{code} (HTTP {status}): the store refused the credentials as expired; they are "
+                            f"read again every {RENEW_SECONDS:g} s at most while it does; {RENEW_HINT}")
         failure = Permanent if status in (400, 401, 403, 404, 416) else Transient
         raise failure(f"{code} (HTTP {status})")
 
-
-# S3's answers to credentials that were valid once: an expired or revoked session token
-EXPIRED = ("ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired", "InvalidToken", "RequestExpired")
+    def _attempt(self, here: Store, found: Any, offset: int, buffer: memoryview) -> tuple[int, str]:
+        sign = None if found is None else (*self.scope, found.access_key, found.secret_key, found.token)
+        try:
+            return here.endpoint(self.base).get_range(self.path, [], offset, buffer, self.settings.request_timeout,
+                                                      sign, if_match=self.etag)
+        except OtherVersion as exc:  # a store that ignored If-Match
+            raise Changed(f"the store answered ETag {exc.etag}") from None
+        except Redirect as exc:
+            raise Permanent(redirect_message(self.base, exc.status, exc.location)) from None
+        except (BadAnswer, OSError) as exc:  # a wrong range, a cut connection, the deadline
+            raise Transient(short(exc)) from None
 
 
 def _whole_checksum(meta: dict) -> tuple[str, str] | None:
