@@ -206,8 +206,9 @@ class Endpoint:
 
 
 def _weakless(etag: str) -> str:
-    """An ETag without its weak marker (W/), as If-Match compares them."""
-    return etag.removeprefix("W/")
+    """An ETag without its weak marker (W/) and quotes (a store may quote it in one
+    answer and not in another)."""
+    return etag.removeprefix("W/").strip('"')
 
 
 def _error_code(body: bytes) -> str:

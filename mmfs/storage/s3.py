@@ -235,6 +235,7 @@ class S3Object(RemoteObject):
 
     def __init__(self, url: str, settings: StorageSettings) -> None:
         self.bucket, self.key = split_url(url)
+        super().__init__(url, settings)
         # where boto3 would send a GET of the object, and the region it would sign for
         address = urlsplit(client(settings).generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": self.key}, ExpiresIn=60))
@@ -242,13 +243,13 @@ class S3Object(RemoteObject):
         self.path = address.path
         scope = parse_qs(address.query).get("X-Amz-Credential", ["////"])[0].split("/")
         self.scope = (scope[2] or "us-east-1", scope[3] or "s3")
-        super().__init__(url, settings)  # the lookup
 
     def _lookup(self) -> tuple[int, str]:
         try:
             return self._head()
         except Redirected as exc:
-            raise StorageUnavailable(f"{self.url}: {redirect_message(self.base, exc.status, exc.location, exc.region)}"
+            asked = client(self.settings).meta.endpoint_url
+            raise StorageUnavailable(f"{self.url}: {redirect_message(asked, exc.status, exc.location, exc.region)}"
                                      ) from None
 
     def _head(self) -> tuple[int, str]:
