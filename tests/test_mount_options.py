@@ -19,6 +19,8 @@ def test_options_are_typed_and_the_rest_go_to_libfuse():
     assert parse_mount_options("foreground,nothreads") == MountOptions(threads=False)
     assert MountOptions().threads is None  # decided by the corpus: threads when remote
     assert parse_mount_options(None).map_limit_mb == DEFAULT_MAP_LIMIT_MB
+    assert parse_mount_options("log_fold=2.5").log_fold == 2.5
+    assert parse_mount_options("log_fold=0").log_fold == 0
 
 
 @pytest.mark.parametrize("text,named", [
@@ -27,6 +29,10 @@ def test_options_are_typed_and_the_rest_go_to_libfuse():
     ("map_limit_mb", "map_limit_mb"),
     ("threads=maybe", "threads=maybe"),
     ("low_latency=2", "low_latency=2"),
+    ("log_fold=-1", "log_fold=-1"),
+    ("log_fold=soon", "log_fold=soon"),
+    ("log_fold=nan", "log_fold=nan"),
+    ("log_fold", "log_fold"),
     ("=5", "=5"),
     ("ro,rw", "-o rw"),
 ])

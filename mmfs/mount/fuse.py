@@ -38,9 +38,9 @@ from mmfs.errors import MmfsError, MountError
 from mmfs.mount.latency import LatencyGuard
 from mmfs.mount.options import MountOptions
 from mmfs.mount.prefetch import Prefetcher
-from mmfs.mount.repeats import FailedReads, RepeatFilter
+from mmfs.mount.repeats import FOLD_SECONDS, FailedReads, FoldedFailures, RepeatFilter
 from mmfs.mount.tree import DIR_MODE, FILE_MODE, LINK_MODE, Dir, Tree
-from mmfs.mount.views import read_failure
+from mmfs.mount.views import read_failure_parts
 from mmfs.native import check, ffi, lib
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class Daemon(fusepy.FUSE):
     no say over the table; mmfs does not call it. `serve` builds the table
     (`operations_table`), checks it and runs libfuse's loop itself."""
 
-    def __init__(self, operations: Operations) -> None:  # not FUSE.__init__: it would mount
+    def __init__(self, operations: Operations, fold_seconds: float = FOLD_SECONDS) -> None:  # (not FUSE's)
         self.operations = operations
         self.raw_fi = False
         self.encoding = "utf-8"
@@ -145,6 +145,7 @@ class Daemon(fusepy.FUSE):
         self._stats: dict[Any, Any] = {}
         self._keep: list[Any] = []
         self._failed = FailedReads()
+        self.failures = FoldedFailures(log.error, fold_seconds)  # closed when the mount ends
 
     # -- the table ---------------------------------------------------------------
 
@@ -223,11 +224,12 @@ class Daemon(fusepy.FUSE):
         """A view's file the C handler could not read, handed over once: one log
         line (the C core's own account of the file, byte and reason, with a fetch's
         own error, and which sample or document it was; none for the kernel's
-        retry of a read just logged), EIO."""
+        retry of a read just logged; folded with the reads that failed the same
+        way), EIO."""
         try:
-            why = read_failure(self._tree.registry.views[view], file, rc)
+            where, why = read_failure_parts(self._tree.registry.views[view], file, rc)
             if self._failed.first((view, file), offset, size):
-                log.error("%s (a read of %d bytes at %d)", why, size, offset)
+                self.failures.failed(f"{where}{why} (a read of {size} bytes at {offset})", why)
         except Exception:  # never 0 (end of file) for a failed read
             log.exception("read of file %d of view %d failed (code %d)", file, view, rc)
         return -errno.EIO
@@ -243,7 +245,7 @@ class Daemon(fusepy.FUSE):
             data = self._tree.read(node, offset, size)
         except MmfsError as exc:  # a view's file that cannot be read: say why (once, see read_failed)
             if self._failed.first(name, offset, size):
-                log.error("%s (a read of %d bytes at %d)", exc, size, offset)
+                self.failures.failed(f"{exc} (a read of {size} bytes at {offset})", str(exc))
             return -errno.EIO
         except Exception:
             log.exception("read %s (%d bytes at %d)", name, size, offset)
@@ -358,9 +360,11 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions | None = None) -> N
         prefetcher = Prefetcher(view_finder(tree), storage.prefetch, storage.max_requests,
                                 budget=storage.cache_limit // 2)
         prefetcher.start()
+    daemon = Daemon(Operations(tree), options.log_fold)
     try:
-        Daemon(Operations(tree)).serve(mountpoint, ["-f"] + ([] if threads else ["-s"]), opts)
+        daemon.serve(mountpoint, ["-f"] + ([] if threads else ["-s"]), opts)
     finally:
+        daemon.failures.close()
         guard.close()
         if prefetcher is not None:
             prefetcher.stop()

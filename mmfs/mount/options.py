@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmfs.errors import MountError
+from mmfs.mount.repeats import FOLD_SECONDS
 
 # Index and token files the daemon keeps in memory, at most (the smallest
 # first); it reads the rest with pread, so its resident memory stays flat
@@ -25,12 +26,15 @@ class MountOptions:
     low_latency:     keep idle CPUs polling while requests flow (latency.py)
     map_limit_mb:    MB of index and token files the daemon keeps in memory
     nonempty:        mount over a non-empty folder (also passed to libfuse)
+    log_fold:        seconds: reads that fail the same way are one log line, then
+                     one line with their count per this (0: a line per failed read)
     fuse:            every other option, for libfuse: {name: value, or True}"""
 
     threads: bool | None = None
     low_latency: bool = False
     map_limit_mb: int = DEFAULT_MAP_LIMIT_MB
     nonempty: bool = False
+    log_fold: float = FOLD_SECONDS
     fuse: dict[str, Any] = field(default_factory=dict)
 
 
@@ -83,6 +87,8 @@ def parse_mount_options(text: str | None) -> MountOptions:
             if own[key] < 0:
                 raise MountError(f"-o map_limit_mb={'' if value is True else value}: give a whole number "
                                  "of megabytes (0 or more)")
+        elif key == "log_fold":
+            own[key] = _seconds(key, value)
         elif key == "rw":
             raise MountError("mmfs mounts are read-only; drop `-o rw`")
         else:
@@ -90,4 +96,15 @@ def parse_mount_options(text: str | None) -> MountOptions:
     threads = False if own.get("nothreads") else own.get("threads")
     return MountOptions(threads=threads, low_latency=own.get("low_latency", False),
                         map_limit_mb=own.get("map_limit_mb", DEFAULT_MAP_LIMIT_MB),
-                        nonempty=fuse.get("nonempty") is True, fuse=fuse)
+                        nonempty=fuse.get("nonempty") is True, log_fold=own.get("log_fold", FOLD_SECONDS),
+                        fuse=fuse)
+
+
+def _seconds(key: str, value: str | bool) -> float:
+    try:
+        seconds = float(value) if value is not True else -1.0
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise MountError(f"-o {key}={'' if value is True else value}: give a number of seconds (0 or more)")
+    return seconds

@@ -135,6 +135,11 @@ class Registry:
 def read_failure(view: View, i: int, rc: int) -> str:
     """One line on why file i of view could not be read: the C core's code and
     what it was doing (the file, the sequence, the byte offset)."""
+    return "".join(read_failure_parts(view, i, rc))
+
+
+def read_failure_parts(view: View, i: int, rc: int) -> tuple[str, str]:
+    """read_failure's line in two: the file ("PATH (what it is): ") and why."""
     detail = error_detail(rc)  # first: describe_file may call the C core again
     where = view.describe_file(i) if view.describe_file is not None else ""
-    return f"{view.path}/{view.name(i)}{where}: {detail}"
+    return f"{view.path}/{view.name(i)}{where}: ", detail
