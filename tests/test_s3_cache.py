@@ -254,6 +254,7 @@ pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
 from s3_server import FaultProxy, MotoServer, use_test_credentials  # noqa: E402
+from test_s3 import covered, span, wait_for  # noqa: E402
 
 from mount_fixtures import mounted  # noqa: E402
 
@@ -302,35 +303,58 @@ def configs(tmp_path: Path, folder: Path, endpoint: str, cache: Path, **storage)
     return local, remote
 
 
-def quiet(proxy: FaultProxy, still: float = 0.3, longest: float = 20.0) -> None:
-    """Wait until no request has reached the proxy for `still` seconds (the
-    prefetcher is done for now)."""
-    deadline = time.monotonic() + longest
-    seen = -1
-    while seen != proxy.requests and time.monotonic() < deadline:
-        seen = proxy.requests
-        time.sleep(still)
-
-
 STREAM = "train/streams/dp=4,mbs=2,from=8/001"
+
+
+def pieces_of(config: Path, folder: str, count: int) -> list[list[tuple[str, int, int]]]:
+    """(object path, first byte, end) of what reading each of the first `count` files of
+    `folder` (a stream layout's too) in a mount of `config` needs, as the C core notes
+    it (in this process, fetching nothing)."""
+    from mmfs.megatron import open_corpus
+    from mmfs.megatron.arrays import noted_fetches
+    from mmfs.mount.fuse import view_finder
+    from mmfs.mount.tree import Tree
+
+    tree = Tree(open_corpus(str(config), progress=False))
+    tree.lookup("/" + folder)  # (a stream layout is made when first looked up)
+    registry, view = view_finder(tree)("/" + folder)
+    out = []
+    for j in range(count):
+        with noted_fetches() as wanted:
+            registry.read(view, j, 0, registry.size(view, j))
+        out.append([("/" + s.url.split("://", 1)[1], o, o + n) for s, o, n in wanted])
+    return out
+
+
+def asked(proxy: FaultProxy) -> dict[str, list[tuple[int, int]]]:
+    """The byte ranges [lo, hi) of every ranged GET that has reached the proxy (its
+    fault, or none, decided as it arrived), by object path."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for method, path, rng in list(proxy.seen or ()):
+        if method == "GET" and rng:
+            out.setdefault(path, []).append(span(rng))
+    return out
 
 
 @pytest.mark.parametrize("folder", ["train/ranks/003", STREAM])
 def test_every_view_is_prefetched_streams_too(tmp_path, proxy, dataset, folder):
-    """After a file of a view is read, the next one is fetched ahead: it reads while
-    the store refuses every ranged GET."""
-    local, s3 = configs(tmp_path, dataset[1], proxy.url, tmp_path / "storage", prefetch=64 << 10,
-                        retries=0, request_timeout=2)
+    """After a file of a view is read, the next one is fetched ahead: once the window's
+    requests for its bytes have reached the store (counted at the proxy: what the
+    test waits for, whatever the machine's speed), it reads while the store refuses
+    every ranged GET (a read joins a fetch in flight, it does not ask again)."""
+    local, s3 = configs(tmp_path, dataset[1], proxy.url, tmp_path / "storage", prefetch=64 << 10, retries=0)
+    proxy.seen = []
     with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
         names = sorted(os.listdir(a.path / folder))[:24]
         assert len(names) == 24
+        pieces = pieces_of(s3, folder, len(names))
         # each pair at a jump (the window starts again there, while the store answers): a
         # window of two files also asks for file k + 2 while the store refuses, and a failed
         # prefetch is not asked again by the window (the reader fetches it itself)
         for k in range(0, len(names), 6):
             assert (b.path / folder / names[k]).read_bytes() == (a.path / folder / names[k]).read_bytes()
-            quiet(proxy)
-            proxy.inject("deny", count=1 << 30)  # every ranged GET refused (403): EIO unless cached
+            wait_for(lambda k=k: covered(pieces[k + 1], asked(proxy)), f"the window asks for file {k + 1}")
+            proxy.inject("deny", count=1 << 30)  # every ranged GET refused (403): EIO unless fetched
             try:
                 assert (b.path / folder / names[k + 1]).read_bytes() == (a.path / folder / names[k + 1]).read_bytes()
             finally:
@@ -340,13 +364,13 @@ def test_every_view_is_prefetched_streams_too(tmp_path, proxy, dataset, folder):
 def test_a_failed_read_is_one_log_line(tmp_path, proxy, dataset):
     """Each failed read of a file is one line (the object, the bytes, why, and the
     file and sample it was), not one from the fetch and one from the read, and the
-    kernel's retry of the same read adds none."""
+    kernel's retry of the same read adds none (folding of reads that fail the same
+    way off: tests/test_log_fold.py)."""
     local, s3 = configs(tmp_path, dataset[1], proxy.url, tmp_path / "storage", prefetch=64 << 10,
                         retries=0, request_timeout=2)
     files = [f"train/ranks/002/{k:07d}.bin" for k in (0, 1, 5)] + [f"{STREAM}/{k:07d}.bin" for k in (0, 3)]
-    with mounted(s3, tmp_path / "s3") as b:
+    with mounted(s3, tmp_path / "s3", "-o", "log_fold=0") as b:
         assert (b.path / "train/samples/0000000.bin").read_bytes()
-        quiet(proxy)
         start = len(b.log.read_text().splitlines())
         proxy.inject("deny", count=1 << 30)  # every ranged GET refused (403)
         for name in files:
@@ -354,8 +378,7 @@ def test_a_failed_read_is_one_log_line(tmp_path, proxy, dataset):
                 (b.path / name).read_bytes()
             assert failed.value.errno == errno.EIO
         proxy.inject(None)
-        quiet(proxy)
-        lines = b.log.read_text().splitlines()[start:]
+    lines = b.log.read_text().splitlines()[start:]  # all of them: the daemon has ended
     errors = [line for line in lines if "ERROR" in line]
     assert len(errors) == len(files), "\n".join(lines)
     for name, line in zip(files, errors):

@@ -80,7 +80,10 @@ def test_a_store_that_never_answers_fails_each_read_within_the_bound_and_comes_b
         done = []
         hung = threading.Thread(target=lambda: done.append(read_errno(samples(b) / names[40])))
         hung.start()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 60  # a hang guard: the hung read's request reaches the proxy
+        while not proxy.injected:
+            assert time.monotonic() < deadline, "the read's request never reached the store"
+            time.sleep(0.02)
         for name in cached:  # the daemon answers other reads while one waits for the store
             assert (samples(b) / name).read_bytes() == (samples(a) / name).read_bytes()
         hung.join(limit + 30)
@@ -189,3 +192,26 @@ def test_an_index_copy_is_checked_against_the_stores_checksum(tmp_path, proxy): 
     assert failed.returncode == 2 and len(failed.stderr.strip().splitlines()) == 1, failed.stderr
     assert "CRC32 checksum" in failed.stderr
     assert not list((tmp_path / "storage" / "objects").glob("*-u16_docs.idx*"))
+
+
+def test_reads_failing_one_way_are_folded_and_distinct_causes_each_logged(tmp_path, proxy):  # noqa: F811 - the fixture
+    """Every ranged GET refused (403) while documents of two datasets are read: per
+    object (a cause each) the first failed read in full, and one line with the count
+    of the others (the interval made an hour: the count comes when the mount ends)."""
+    local, s3 = write_configs("p2_blend2_u16", tmp_path, proxy.url, prefetch=0)
+    with mounted(s3, tmp_path / "s3", "-o", "log_fold=3600") as b:
+        folders = [b.path / "datasets" / name / "documents" for name in ("u16_docs", "u16_small")]
+        names = [sorted(os.listdir(folder))[:20] for folder in folders]
+        proxy.inject("deny", count=1 << 30)
+        for k in range(20):
+            for folder, mine in zip(folders, names):
+                assert read_errno(folder / mine[k])[0] == 5
+        proxy.inject(None)
+    errors = [line for line in b.log.read_text().splitlines() if " ERROR " in line]
+    for name in ("u16_docs", "u16_small"):
+        mine = [line for line in errors if f"s3://golden/data/{name}.bin" in line]
+        assert len(mine) == 2, errors  # the first, and the count
+        assert "AccessDenied (HTTP 403)" in mine[0] and "more reads failed the same way" not in mine[0]
+        count = int(mine[1].split(" ERROR ", 1)[1].split(" more reads failed the same way in the last ")[0])
+        assert count >= 19, mine[1]  # (a kernel's retry later than a second after its read counts too)
+    assert len(errors) == 4, errors
