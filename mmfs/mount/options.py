@@ -46,6 +46,8 @@ OPTION_HELP = {
     "map_limit_mb=N": f"MB of index and token files the daemon keeps in memory (default {DEFAULT_MAP_LIMIT_MB}; "
                       "it reads the rest with pread)",
     "nonempty": "mount over a folder that is not empty",
+    "log_fold=SECONDS": f"reads that fail the same way: one log line, then one with their count per SECONDS "
+                        f"(default {FOLD_SECONDS:g}; 0: a line per failed read)",
     "allow_other": "let other users read the mount (libfuse; as a user, needs user_allow_other in /etc/fuse.conf)",
 }
 
