@@ -298,7 +298,7 @@ class S3Object(RemoteObject):
             status, code = self._attempt(here, found, offset, buffer)
             if status == 206:
                 return
-            if code not in EXPIRED or again or found is None or not here.renew(found, self.url, code):
+            if code not in EXPIRED or again or found is None or not self._renewed(here, found, code):
                 break
         if status == 412 or code == "PreconditionFailed":
             raise Changed()
@@ -307,6 +307,12 @@ class S3Object(RemoteObject):
                             f"read again every {RENEW_SECONDS:g} s at most while it does; {RENEW_HINT}")
         failure = Permanent if status in (400, 401, 403, 404, 416) else Transient
         raise failure(f"{code} (HTTP {status})")
+
+    def _renewed(self, here: Store, refused: Any, code: str) -> bool:
+        try:
+            return here.renew(refused, self.url, code)
+        except Exception as exc:  # a credentials file being rewritten, say: asked again after a backoff
+            raise Transient(f"{code}, and the credentials read again: {short(exc)}") from None
 
     def _attempt(self, here: Store, found: Any, offset: int, buffer: memoryview) -> tuple[int, str]:
         sign = None if found is None else (*self.scope, found.access_key, found.secret_key, found.token)
