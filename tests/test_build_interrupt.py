@@ -32,21 +32,21 @@ def test_an_interrupted_threaded_build_starts_no_index_after_it(tmp_path, monkey
         builders.append(self)
 
     def build(*args, **kwargs):
+        if builders[-1].stopping.is_set():  # an index begun after the build was given up
+            after.append(1)
         calls.append(1)
         if len(calls) == 3:  # Ctrl-C, delivered as the kernel does: to the main thread
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             assert builders[-1].stopping.wait(120), "the build did not stop"
-        elif len(calls) > 3:
-            after.append(1)
         return real_build(*args, **kwargs)
 
     monkeypatch.setattr(builder.Builder, "__init__", init)
     monkeypatch.setattr(builder, "build_gpt_indices", build)
     with pytest.raises(KeyboardInterrupt):
         open_corpus(config, progress=False, jobs=2)
-    # the other thread may have been inside an index when Ctrl-C came; nothing starts after
+    # once the build is given up no index begins, but for the one another thread may have
+    # checked for just before (what ran between Ctrl-C and then depends on thread speed)
     assert len(after) <= 1, len(after)
-    assert len(calls) < 40
     cache = tmp_path / "cache"
     assert leftovers(cache) == []
     assert not [n for n in os.listdir(cache) if n.endswith(".npy")]  # nothing staged was kept
