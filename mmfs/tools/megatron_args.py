@@ -2,10 +2,12 @@
 pretrain_gpt.py takes them, megatron-core 0.19) turned into the YAML config that
 mounts the same samples.
 
-Only arguments that shape the samples are read. Those that change how a loader
-builds its batch fields, or how Megatron loads, are named in a comment of the
-output; those mmfs cannot honour are one line and exit 2; everything else (model,
-optimiser, logging, torchrun's own flags) is ignored silently. `@FILE` reads
+Only arguments that shape the samples are read (mmfs/tools/megatron_flags.py lists
+every data flag and what is done with it). Those that change how a loader builds its
+batch fields, or how Megatron loads, are named in a comment of the output; those
+after which no view would show what Megatron reads are one line and exit 2; those
+after which some views do not show what a rank trains on are a comment and a warning;
+everything else (model, optimiser, logging, torchrun's own flags) is ignored silently. `@FILE` reads
 arguments from a file, any number per line, with shell quoting and `#` comments
 (as launch scripts hold them).
 """
@@ -29,62 +31,19 @@ from mmfs.errors import MmfsError
 from mmfs.storage import StorageError
 from mmfs.storage.file import read_text_file
 from mmfs.text.tokenizer import BYTE_LEVEL, TOKENIZER_TYPES, TokenizerSpec, eod_and_pad
+from mmfs.tools.megatron_flags import (
+    EXTERNAL_LOADER,
+    HONOURED,
+    NOTED,
+    REFUSED,
+    WARNED,
+    refused_line,
+    warned_line,
+)
 
 
 class MegatronArgsError(MmfsError):
     """A Megatron argument mmfs cannot honour, or one Megatron itself refuses."""
-
-
-# flag -> number of values (None: Megatron's nargs='*', up to the next flag)
-HONOURED = {
-    "--data-path": None, "--train-data-path": None, "--valid-data-path": None, "--test-data-path": None,
-    "--data-args-path": 1, "--per-split-data-args-path": 1, "--split": 1, "--seq-length": 1,
-    "--seed": 1, "--micro-batch-size": 1, "--global-batch-size": 1, "--rampup-batch-size": 3,
-    "--step-batch-size-schedule": 1, "--train-iters": 1, "--train-samples": 1, "--eval-interval": 1,
-    "--eval-iters": 1, "--dataloader-type": 1, "--no-data-sharding": 0, "--data-cache-path": 1,
-    "--mid-level-dataset-surplus": 1, "--tokenizer-type": 1, "--tokenizer-model": 1, "--vocab-size": 1,
-    "--vocab-file": 1, "--merge-file": 1, "--tiktoken-pattern": 1, "--null-tokenizer-eod-id": 1,
-    "--null-tokenizer-pad-id": 1,
-    "--world-size": 1, "--max-position-embeddings": 1, "--hybrid-context-parallel": 0,
-    "--tensor-model-parallel-size": 1, "--pipeline-model-parallel-size": 1,
-    "--context-parallel-size": 1, "--object-storage-cache-path": 1, "--nproc_per_node": 1,
-    "--nproc-per-node": 1, "--nnodes": 1,
-}
-# Data arguments that do not change which samples Megatron reads, with why.
-NOTED = {
-    "--reset-position-ids": "a batch field: pass reset_position_ids to mmfs.loader's megatron_batches",
-    "--reset-attention-mask": "a batch field: pass reset_attention_mask to mmfs.loader's megatron_batches",
-    "--eod-mask-loss": "a batch field: pass eod_mask_loss to mmfs.loader's megatron_batches",
-    "--no-create-attention-mask-in-dataloader": "a batch field: pass create_attention_mask=False to "
-                                                 "mmfs.loader's megatron_batches",
-    "--num-workers": "how Megatron's DataLoader runs, not what it reads",
-    "--num-dataset-builder-threads": "how Megatron builds its indices, not what they hold",
-    "--no-mmap-bin-files": "how Megatron reads the .bin files, not what it reads",
-    "--dataloader-fast-cache-load": "how Megatron loads its index cache, not what it holds",
-    "--dataloader-defer-npy-index-mmap": "how Megatron loads its index cache, not what it holds",
-    "--make-vocab-size-divisible-by": "pads the model's embedding, not the data",
-}
-HYBRID_CP_REROUTES = ("--hybrid-context-parallel: Megatron reroutes sub-samples between the data x context parallel "
-                      "ranks at every step, so ranks/ and streams/ show what each rank's sampler reads, not the "
-                      "micro-batch it trains on (the samples of each global batch are the same)")
-
-# Data arguments whose samples mmfs does not serve.
-REFUSED = {
-    "--mock-data": "Megatron's mock dataset is not read from files",
-    "--fim-data": "fill-in-the-middle samples are rewritten by Megatron's FIM dataset",
-    "--sft": "SFT samples come from another dataset class",
-    "--per-dataset-sequences-path": "mmfs reads the sequence counts from the .idx files",
-    "--phase-transition-iterations": "mmfs serves one phase's split sizes",
-    "--multiple-validation-sets": "mmfs serves one validation split",
-    "--full-validation": "mmfs needs the validation sample count",
-    "--decrease-batch-size-if-needed": "the global batch would depend on the layout",
-    "--eval-global-batch-size": "mmfs sizes evaluation with the global batch size",
-    "--eval-micro-batch-size": "mmfs sizes evaluation with the micro-batch size",
-    "--skip-train": "mmfs derives the validation count from the training run",
-    "--start-eval-at-iter": "mmfs derives the validation count from every eval interval",
-    "--allow-ambiguous-pad-tokens": "mmfs keeps megatron-core's default pad handling",
-    "--tokenizer-metadata": "give the tokenizer by --tokenizer-type and its files",
-}
 
 
 WORLD_SIZE_UNKNOWN = ("data_parallel_size: 1 because the launch line gives no world size: add --world-size N "
@@ -119,7 +78,7 @@ def split_words(text: str) -> list[str]:
 
 
 def parse_args(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """{flag: value(s)} of the honoured flags, and the noted flags in order."""
+    """{flag: value(s)} of the honoured flags, and the noted and warned flags in order."""
     values: dict[str, Any] = {}
     noted: list[str] = []
     i = 0
@@ -127,8 +86,8 @@ def parse_args(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
         arg = argv[i]
         flag, eq, inline = arg.partition("=")
         if flag in REFUSED:
-            raise MegatronArgsError(f"{flag}: mmfs cannot serve it ({REFUSED[flag]})")
-        if flag in NOTED and flag not in noted:
+            raise MegatronArgsError(refused_line(flag))
+        if (flag in NOTED or flag in WARNED) and flag not in noted:
             noted.append(flag)
         if flag not in HONOURED:
             i += 1
@@ -253,7 +212,7 @@ def to_config(argv: list[str], environ: dict | None = None) -> tuple[dict[str, A
     """(the YAML config as a dict, comment lines) for Megatron's arguments."""
     environ = os.environ if environ is None else environ
     values, noted = parse_args(expand_args(argv))
-    comments = [f"ignored {flag}: {NOTED[flag]}" for flag in noted]
+    comments = [f"ignored {flag}: {NOTED[flag]}" for flag in noted if flag in NOTED]
     config: dict[str, Any] = {}
     sources = [f for f in ("--data-path", "--data-args-path") if f in values]
     per_split = [f for f in ("--train-data-path", "--valid-data-path", "--test-data-path",
@@ -302,8 +261,7 @@ def to_config(argv: list[str], environ: dict | None = None) -> tuple[dict[str, A
     if "split" in config:  # the config's own check: printed, it was refused only by mmfs build
         parse_split(config["split"], checker)
     with_schedule(parse_training(config["training"], checker), config["sequence_length"], None, checker)
-    if "--hybrid-context-parallel" in values:
-        comments.append(HYBRID_CP_REROUTES)
+    comments += [warned_line(flag) for flag in noted if flag in WARNED]
     return config, comments
 
 
@@ -332,6 +290,10 @@ def _as_flags(text: str) -> str:
 def sequence_length(values: dict) -> int:
     """--seq-length, checked as Megatron-LM's validate_args and its dataset do."""
     seq = _int(values, "--seq-length")
+    if seq is not None and "--encoder-seq-length" in values:
+        raise MegatronArgsError("--encoder-seq-length: give it or --seq-length, not both (Megatron asserts)")
+    if seq is None:  # validate_args: seq_length = encoder_seq_length
+        seq = _int(values, "--encoder-seq-length")
     if seq is None:
         raise MegatronArgsError("--seq-length: missing: the number of tokens per sample")
     if seq < 1:
@@ -406,8 +368,11 @@ def render(config: dict[str, Any], comments: list[str]) -> str:
     return "\n".join(head) + "\n" + yaml.dump(config, Dumper=SAFE_DUMPER, sort_keys=False)
 
 
+WARNINGS = {WORLD_SIZE_UNKNOWN, EXTERNAL_LOADER, *map(warned_line, WARNED)}
+
+
 def print_warnings(comments: list[str]) -> None:
     """The comments that mean the config may not be what the user meant, also on stderr."""
     for line in comments:
-        if line in (WORLD_SIZE_UNKNOWN, HYBRID_CP_REROUTES):
+        if line in WARNINGS:
             print(f"mmfs: warning: {line}", file=sys.stderr)

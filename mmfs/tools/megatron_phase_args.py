@@ -137,6 +137,8 @@ def to_phased_config(argv: list[str], environ: dict | None = None) -> tuple[dict
         phase = _phase_data(config, k)
         phases.append(phase if k == 0 else {"start_iteration": transitions[k - 1], **phase})
     first, comments = parsed[0][1]
+    for _, (_, more) in parsed[1:]:  # a flag named in a later launch only is said too
+        comments += [c for c in more if c not in comments]
     shared = {key: v for key, v in first.items() if key not in DATA_KEYS}
     for k, (_, (config, _)) in enumerate(parsed[1:], start=1):
         other = {key: v for key, v in config.items() if key not in DATA_KEYS}
