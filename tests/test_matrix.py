@@ -3,7 +3,8 @@ Megatron reads, in every cell of {single, cyclic sharded, cyclic unsharded} x {n
 phases, continue, restart} x {constant batch, ramp-up, step schedule} (restart under
 a schedule: refused, as Megatron-LM needs a fixed batch for its phase transitions), for
 each storage kind {an IndexedDataset pair, a JSONL text tokenized into the cache by
-the config, the pair in the S3 test server}.
+the config, the pair in the S3 test server} (the last two over the constant-batch
+cells: a schedule moves where iterations start, not how a byte is read).
 
 The reference is tests/reference/matrix.json, recorded from megatron-core 0.19.2 and
 Megatron-LM core_v0.19.0's own training-side code by tests/reference/record_matrix.py
@@ -172,8 +173,12 @@ class Run:
         return [[[digest(tokens(s)) for s in mb["samples"]] for mb in r["microbatches"]] for r in answer["ranks"]]
 
 
-@pytest.fixture(scope="module", params=[(s, c) for s in STORAGES for c in ACTIVE],
-                ids=[f"{s}:{c}" for s in STORAGES for c in ACTIVE])
+# A batch schedule moves where iterations start, not how a byte is read: the text and s3
+# kinds run the constant-batch cells (every sampler and mode), the local kind all of them.
+RUNS = [(s, c) for s in STORAGES for c in ACTIVE if s == "local" or c.endswith("/constant")]
+
+
+@pytest.fixture(scope="module", params=RUNS, ids=[f"{s}:{c}" for s, c in RUNS])
 def run(request, data, tmp_path_factory):
     storage, name = request.param
     cell = Cell(name)
@@ -438,36 +443,41 @@ def provider_module():
 
 def test_provider(run):
     """The provider on each rank of a job launched at each phase start (one launch: train
-    from args.consumed_train_samples, valid from args.consumed_valid_samples, test from 0)."""
+    from args.consumed_train_samples, valid from args.consumed_valid_samples, test from 0;
+    under restart, valid and test are the launch's whose evaluation reads them)."""
     cell = run.cell
     pending(cell, "train")
-    evals_per_launch = [launch for launch, _ in cell.valid_steps()]
-    for at in _starts(cell):
-        iteration = cell.consumed.index(at)
-        valid_at = iteration // mc.EVAL_INTERVAL * mc.EVAL_ITERS  # evaluation steps before it
+    steps = cell.valid_steps()
+    eval_batch = sum(len(mb) for r in steps[0][1] for mb in r)
+    last = len(cell.base["launches"]) - 1
+    now, later = [], []  # later: restart's evaluations after its first launch
+    for at, rank in itertools.product(_starts(cell), range(mc.DATA_PARALLEL_SIZE)):
+        valid_at = cell.consumed.index(at) // mc.EVAL_INTERVAL * mc.EVAL_ITERS  # evaluation steps before
         args = SimpleNamespace(dataloader_type="external", seq_length=mc.SEQUENCE_LENGTH,
                                micro_batch_size=mc.MICRO_BATCH_SIZE, consumed_train_samples=at,
-                               consumed_valid_samples=None)
-        for rank in range(mc.DATA_PARALLEL_SIZE):
-            steps = cell.valid_steps()
-            eval_batch = sum(len(mb) for r in steps[0][1] for mb in r) if steps else 0
-            args.consumed_valid_samples = valid_at * eval_batch
-            provider = provider_module().mount_datasets_provider(
-                run.path, get_args=lambda args=args: args,
-                data_parallel=lambda rank=rank: (rank, mc.DATA_PARALLEL_SIZE), to_tensor=lambda a: a)
-            train, valid, test = provider([mc.TRAIN_SAMPLES, 1, 1])
-            got = [_rows(b) for b in itertools.islice(train, 4)]
-            if cell.exact_stream:
-                assert not describe(f"provider train from {at}, rank {rank}", got, _from(cell, at, rank, 4))
-            else:
-                assert got == run.rank_files("train", rank)[at // cell.group:][:4]
-            if cell.mode != "restart" or evals_per_launch[valid_at] == 0:
-                want = [mb for _, ranks in steps[valid_at:] for mb in ranks[rank]][:2]
-                assert not describe(f"provider valid from step {valid_at}", [_rows(b) for b in
-                                                                            itertools.islice(valid, 2)], want)
-            if cell.mode != "restart":
-                want = [mb for step in cell.test_steps(0) for mb in step[rank]][:2]
-                assert not describe("provider test", [_rows(b) for b in itertools.islice(test, 2)], want)
+                               consumed_valid_samples=valid_at * eval_batch)
+        provider = provider_module().mount_datasets_provider(
+            run.path, get_args=lambda args=args: args, data_parallel=lambda rank=rank: (rank, mc.DATA_PARALLEL_SIZE),
+            to_tensor=lambda a: a)
+        train, valid, test = provider([mc.TRAIN_SAMPLES, 1, 1])
+        got = [_rows(b) for b in itertools.islice(train, 4)]
+        if cell.exact_stream:
+            assert not describe(f"provider train from {at}, rank {rank}", got, _from(cell, at, rank, 4))
+        else:
+            assert got == run.rank_files("train", rank)[at // cell.group:][:4]
+        want = [mb for _, ranks in steps[valid_at:] for mb in ranks[rank]][:2]
+        check = (f"provider valid from step {valid_at}, rank {rank}", [_rows(b) for b in itertools.islice(valid, 2)],
+                 want)
+        (later if steps[valid_at][0] > 0 else now).append(check)
+        want = [mb for step in cell.test_steps(last) for mb in step[rank]][:2]
+        check = (f"provider test, rank {rank}", [_rows(b) for b in itertools.islice(test, 2)], want)
+        (later if last > 0 else now).append(check)
+    for check in now:
+        assert not describe(*check)
+    if later:
+        pending(cell, "evals")
+    for check in later:
+        assert not describe(*check)
 
 
 # -- what Megatron refuses ------------------------------------------------------------------
