@@ -316,10 +316,11 @@ def test_which_train(run):
             if cell.exact_stream:
                 want = cell.train_stream(rank)[first:first + count]
                 assert not describe(f"which --iteration {iteration} rank {rank}", got[rank], want)
-            else:
-                phase = cell.phase_of_iteration(iteration)
-                for mb in answer["ranks"][rank]["microbatches"]:
+            else:  # mmfs's order: the iteration's phase, each sample the one samples/ shows under its id
+                phase, samples = cell.phase_of_iteration(iteration), cell.train_samples()
+                for mb, digests in zip(answer["ranks"][rank]["microbatches"], got[rank]):
                     assert {s["phase"] for s in mb["samples"]} == {phase}, iteration
+                    assert digests == [samples[s["sample"]] for s in mb["samples"]], iteration
 
 
 def test_which_evals(run):
