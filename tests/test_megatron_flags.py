@@ -20,7 +20,7 @@ import yaml
 from golden_cases import GOLDEN
 from mmfs import cli
 from mmfs.config.schema import load_config
-from mmfs.tools.megatron_flags import EXTERNAL_LOADER, HONOURED, NOTED, REFUSED, SILENT, WARNED, warned_line
+from mmfs.tools.megatron_flags import HONOURED, NOTED, REFUSED, SILENT, WARNED, warned_line
 from mmfs.tools.megatron_phase_args import TRANSITIONS
 
 HERE = Path(__file__).resolve().parent
@@ -82,10 +82,12 @@ def test_a_flag_after_which_ranks_do_not_show_what_a_rank_trains_on_is_a_warning
     assert load_config(str(folder / "c.yaml")).training.data_parallel_size == 2  # the config is still right
 
 
-def test_an_external_data_loader_is_a_warning_and_the_order_a_provider_of_the_mount_reads(folder):
+def test_an_external_data_loader_is_the_mount_itself_and_refused(folder):
+    """A line with --dataloader-type external already reads a mount: the sampler it replaced
+    decides what the views show, so the line to give is that one."""
     code, out, err = config(*LINE, "--dataloader-type", "external")
-    assert code == 0 and err == f"mmfs: warning: {EXTERNAL_LOADER}\n"
-    assert f"# {EXTERNAL_LOADER}" in out and yaml.safe_load(out)["training"]["dataloader_type"] == "single"
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "--dataloader-type: external is how a job reads the mount" in err
 
 
 @pytest.mark.parametrize("flag", sorted(NOTED))

@@ -32,7 +32,6 @@ from mmfs.storage import StorageError
 from mmfs.storage.file import read_text_file
 from mmfs.text.tokenizer import BYTE_LEVEL, TOKENIZER_TYPES, TokenizerSpec, eod_and_pad
 from mmfs.tools.megatron_flags import (
-    EXTERNAL_LOADER,
     HONOURED,
     NOTED,
     REFUSED,
@@ -368,7 +367,7 @@ def render(config: dict[str, Any], comments: list[str]) -> str:
     return "\n".join(head) + "\n" + yaml.dump(config, Dumper=SAFE_DUMPER, sort_keys=False)
 
 
-WARNINGS = {WORLD_SIZE_UNKNOWN, EXTERNAL_LOADER, *map(warned_line, WARNED)}
+WARNINGS = {WORLD_SIZE_UNKNOWN, *map(warned_line, WARNED)}
 
 
 def print_warnings(comments: list[str]) -> None:

@@ -85,12 +85,6 @@ WARNED = {
                                     "sampler reads, not the packed micro-batches it trains on (the samples of "
                                     "each global batch are the same)",
 }
-EXTERNAL_LOADER = ("--dataloader-type external: Megatron trains on what the datasets provider returns; mmfs's "
-                   "provider (examples/megatron_phases.py) reads the mount of this config in its "
-                   "training.dataloader_type, written single here (set cyclic and data_sharding to match the "
-                   "order you want); another provider's order is not what ranks/, streams/ and which show")
-
-
 def warned_line(flag: str) -> str:
     return f"{flag}: {WARNED[flag]}"
 
