@@ -83,6 +83,16 @@ class Run:
     def rank_ids(self, split: str, rank: int) -> list[list[int]]:
         return [self.mount.microbatch_samples(split, rank, j) for j in range(self.mount.microbatches_per_rank(split))]
 
+    def phase_split(self, phase: int, split: str) -> dict:
+        """mmfs.json's description of a restart phase's own valid or test."""
+        return self.mount.phases["phases"][phase]["splits"][split]
+
+    def phase_rank_files(self, info: dict, rank: int) -> list[list[str]]:
+        """A rank's micro-batch files of a phase's own valid or test (phase_split's ranks_path)."""
+        folder = self.path / info["ranks_path"] / f"{rank:0{self.mount.training['rank_name_width']}d}"
+        width = info["microbatch_name_width"]
+        return [self.digests(folder / f"{j:0{width}d}.bin") for j in range(info["microbatches"])]
+
     def which(self, iteration: int, split: str = "train") -> dict:
         return which_in(self.corpus, iteration, split)
 

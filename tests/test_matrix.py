@@ -47,19 +47,20 @@ STORAGES = ("local", "text", "s3")
 ACTIVE = [name for name, cell in CELLS.items() if "refused" not in cell]
 REFUSED = [name for name, cell in CELLS.items() if "refused" in cell]
 
-# Cells that are wrong on main until another branch of issue 31 merges, skipped with the
-# branch that fixes them: (sampler, mode, part); part "train" is every view of the train
-# stream, "evals" restart's valid and test after its first launch. Empty it when they merge.
+# Cells that are wrong on main until another branch merges, skipped with the branch that
+# fixes them: (sampler, mode, part); part "train" is every view of the train stream,
+# "evals" restart's valid and test after its first launch, "provider evals" those through
+# the --dataloader-type external provider. Empty it when they merge.
 CYCLIC_PHASES = "branch cyclic-phases (issue 31 items 1-2): each phase's own cyclic sampler"
-PHASE_EVALS = "branch phase-evals (issue 31 item 3): each restart launch's valid and test"
+MEGATRON_PATH = "branch megatron-path (issue 32): the provider of a relaunch reads its phase's own valid and test"
 PENDING = {
     ("sharded", "restart", "train"): CYCLIC_PHASES,
     ("unsharded", "restart", "train"): CYCLIC_PHASES,
     ("sharded", "continue", "train"): CYCLIC_PHASES,
     ("unsharded", "continue", "train"): CYCLIC_PHASES,
-    ("single", "restart", "evals"): PHASE_EVALS,
-    ("sharded", "restart", "evals"): PHASE_EVALS,
-    ("unsharded", "restart", "evals"): PHASE_EVALS,
+    ("single", "restart", "provider evals"): MEGATRON_PATH,
+    ("sharded", "restart", "provider evals"): MEGATRON_PATH,
+    ("unsharded", "restart", "provider evals"): MEGATRON_PATH,
 }
 
 
@@ -131,14 +132,21 @@ def test_generated_data_is_what_megatron_read(data, tmp_path):
 
 
 def test_samples(run):
+    """samples/ of train, valid and test; under restart also each launch's own valid and test
+    (<split>/phases/<phase>/samples, where mmfs.json's phases section says)."""
     cell, mount = run.cell, run.mount
     got = [run.digests(mount.sample_path("train", i))[0] for i in range(mount.samples["train"])]
     assert not describe("train/samples", got, cell.train_samples())
     for split in ("valid", "test"):
         got = [run.digests(mount.sample_path(split, i))[0] for i in range(mount.samples[split])]
         assert not describe(f"{split}/samples", got, cell.eval_samples(split))  # the first launch's
-    if cell.mode == "restart":  # each later launch's valid and test
+    if cell.mode == "restart":
         pending(cell, "evals")
+        for launch, split in itertools.product(range(len(cell.base["launches"])), ("valid", "test")):
+            info = run.phase_split(launch, split)
+            folder = run.path / info["path"]
+            got = [run.digests(folder / f"{i:0{info['name_width']}d}.bin")[0] for i in range(info["samples"])]
+            assert not describe(f"{info['path']}", got, cell.eval_samples(split, launch))
 
 
 # -- ranks/ ------------------------------------------------------------------------------
@@ -179,13 +187,26 @@ def check_phase_properties(run: Run, streams: dict[int, list[tuple[list[int], li
 
 def test_ranks_evals(run):
     """valid/ranks and test/ranks: the stream each rank's valid and test loader reads from 0
-    (the first launch's under restart)."""
+    (the first launch's under restart); under restart each launch's own
+    <split>/phases/<phase>/ranks, from the micro-batch its loader starts at."""
     cell = run.cell
     for rank in range(mc.DATA_PARALLEL_SIZE):
         want = [mb for launch, ranks in cell.valid_steps() if launch == 0 for mb in ranks[rank]]
         assert not describe(f"valid/ranks/{rank:03d}", run.rank_files("valid", rank)[:len(want)], want)
         want = [mb for step in cell.test_steps(0) for mb in step[rank]]
         assert not describe(f"test/ranks/{rank:03d}", run.rank_files("test", rank)[:len(want)], want)
+    if cell.mode != "restart":
+        return
+    pending(cell, "evals")
+    for launch, rank in itertools.product(range(len(cell.base["launches"])), range(mc.DATA_PARALLEL_SIZE)):
+        valid = run.phase_split(launch, "valid")
+        first = cell.base["launches"][launch]["valid_sampler_consumed"] // cell.group
+        want = [mb for k, ranks in cell.valid_steps() if k == launch for mb in ranks[rank]]
+        got = run.phase_rank_files(valid, rank)[first:first + len(want)]
+        assert not describe(f"{valid['ranks_path']}/{rank:03d}", got, want)
+        test = run.phase_split(launch, "test")
+        want = [mb for step in cell.test_steps(launch) for mb in step[rank]]
+        assert not describe(f"{test['ranks_path']}/{rank:03d}", run.phase_rank_files(test, rank)[:len(want)], want)
 
 
 # -- streams/ -----------------------------------------------------------------------------
@@ -373,9 +394,14 @@ def test_provider(run):
     now, later = [], []  # later: restart's evaluations after its first launch
     for at, rank in itertools.product(_starts(cell), range(mc.DATA_PARALLEL_SIZE)):
         valid_at = cell.consumed.index(at) // mc.EVAL_INTERVAL * mc.EVAL_ITERS  # evaluation steps before
-        args = SimpleNamespace(dataloader_type="external", seq_length=mc.SEQUENCE_LENGTH,
-                               micro_batch_size=mc.MICRO_BATCH_SIZE, consumed_train_samples=at,
-                               consumed_valid_samples=valid_at * eval_batch)
+        # Megatron-LM's args of that launch (restart: relaunched at the phase start, as Megatron-LM does)
+        args = SimpleNamespace(
+            dataloader_type="external", seq_length=mc.SEQUENCE_LENGTH, micro_batch_size=mc.MICRO_BATCH_SIZE,
+            global_batch_size=mc.SCHEDULES[cell.schedule].get("global_batch_size", cell.group),
+            train_samples=mc.TRAIN_SAMPLES, train_iters=cell.train_iters, eval_interval=mc.EVAL_INTERVAL,
+            eval_iters=mc.EVAL_ITERS, iteration=cell.consumed.index(at), consumed_train_samples=at,
+            consumed_valid_samples=valid_at * eval_batch,
+            phase_transition_iterations=mc.PHASE_STARTS if cell.mode == "restart" else None)
         provider = provider_module().mount_datasets_provider(
             run.path, get_args=lambda args=args: args, data_parallel=lambda rank=rank: (rank, mc.DATA_PARALLEL_SIZE),
             to_tensor=lambda a: a)
@@ -395,7 +421,7 @@ def test_provider(run):
     for check in now:
         assert not describe(*check)
     if later:
-        pending(cell, "evals")
+        pending(cell, "provider evals")
     for check in later:
         assert not describe(*check)
 
