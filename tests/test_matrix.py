@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
-import importlib.util
 import io
 import itertools
 import json
@@ -37,31 +35,21 @@ import matrix_cases as mc
 from matrix_mounts import BUCKET, Run, write_config, write_data
 from matrix_reference import CELLS, REFERENCE, Cell, describe, digest, file_digests, wrong
 from mmfs import cli
+from mmfs.adapters.megatron import mount_datasets_provider
 from mmfs.errors import MmfsError
 from mmfs.megatron.corpus import open_corpus
 from mmfs.mount.contract import XATTR_SAMPLES
 from mount_fixtures import mounted
 
-ROOT = Path(__file__).resolve().parent.parent
 STORAGES = ("local", "text", "s3")
 ACTIVE = [name for name, cell in CELLS.items() if "refused" not in cell]
 REFUSED = [name for name, cell in CELLS.items() if "refused" in cell]
 
 # Cells that are wrong on main until another branch merges, skipped with the branch that
-# fixes them: (sampler, mode, part); part "train" is every view of the train stream,
-# "evals" restart's valid and test after its first launch, "provider evals" those through
-# the --dataloader-type external provider. Empty it when they merge.
-CYCLIC_PHASES = "branch cyclic-phases (issue 31 items 1-2): each phase's own cyclic sampler"
-MEGATRON_PATH = "branch megatron-path (issue 32): the provider of a relaunch reads its phase's own valid and test"
-PENDING = {
-    ("sharded", "restart", "train"): CYCLIC_PHASES,
-    ("unsharded", "restart", "train"): CYCLIC_PHASES,
-    ("sharded", "continue", "train"): CYCLIC_PHASES,
-    ("unsharded", "continue", "train"): CYCLIC_PHASES,
-    ("single", "restart", "provider evals"): MEGATRON_PATH,
-    ("sharded", "restart", "provider evals"): MEGATRON_PATH,
-    ("unsharded", "restart", "provider evals"): MEGATRON_PATH,
-}
+# fixes them: (sampler, mode, part) -> "branch NAME (issue N): what it fixes"; part "train"
+# is every view of the train stream, "evals" restart's valid and test after its first
+# launch. Empty: cyclic-phases, phase-evals and megatron-path have merged.
+PENDING: dict[tuple[str, str, str], str] = {}
 
 
 def pending(cell: Cell, part: str) -> None:
@@ -371,38 +359,28 @@ def test_grain_adapter(run):
     assert not describe("grain SampleSource(train)", got, run.cell.train_samples())
 
 
-def provider_module():
-    """The --dataloader-type external provider: mmfs.adapters.megatron where it has moved,
-    else examples/megatron_phases.py."""
-    with contextlib.suppress(ImportError):
-        return importlib.import_module("mmfs.adapters.megatron")
-    spec = importlib.util.spec_from_file_location("megatron_phases", ROOT / "examples" / "megatron_phases.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_provider(run):
-    """The provider on each rank of a job launched at each phase start (one launch: train
-    from args.consumed_train_samples, valid from args.consumed_valid_samples, test from 0;
-    under restart, valid and test are the launch's whose evaluation reads them)."""
+    """The provider on each rank of a job launched at each phase start: train from
+    args.consumed_train_samples, valid from args.consumed_valid_samples, test from 0, as
+    the launch's own loaders read them (restart: relaunched there with
+    --phase-transition-iterations, so valid and test are the phase's own)."""
     cell = run.cell
     pending(cell, "train")
     steps = cell.valid_steps()
     eval_batch = sum(len(mb) for r in steps[0][1] for mb in r)
-    last = len(cell.base["launches"]) - 1
-    now, later = [], []  # later: restart's evaluations after its first launch
+    keys = mc.SCHEDULES[cell.schedule]
     for at, rank in itertools.product(_starts(cell), range(mc.DATA_PARALLEL_SIZE)):
+        launch = cell.phase_of(at) if cell.mode == "restart" else 0
         valid_at = cell.consumed.index(at) // mc.EVAL_INTERVAL * mc.EVAL_ITERS  # evaluation steps before
-        # Megatron-LM's args of that launch (restart: relaunched at the phase start, as Megatron-LM does)
-        args = SimpleNamespace(
+        args = SimpleNamespace(  # Megatron-LM's args of that launch
             dataloader_type="external", seq_length=mc.SEQUENCE_LENGTH, micro_batch_size=mc.MICRO_BATCH_SIZE,
-            global_batch_size=mc.SCHEDULES[cell.schedule].get("global_batch_size", cell.group),
+            global_batch_size=keys.get("global_batch_size", cell.group), rampup_batch_size=keys.get(
+                "rampup_batch_size"), step_batch_size_schedule=keys.get("step_batch_size_schedule"),
             train_samples=mc.TRAIN_SAMPLES, train_iters=cell.train_iters, eval_interval=mc.EVAL_INTERVAL,
             eval_iters=mc.EVAL_ITERS, iteration=cell.consumed.index(at), consumed_train_samples=at,
             consumed_valid_samples=valid_at * eval_batch,
             phase_transition_iterations=mc.PHASE_STARTS if cell.mode == "restart" else None)
-        provider = provider_module().mount_datasets_provider(
+        provider = mount_datasets_provider(
             run.path, get_args=lambda args=args: args, data_parallel=lambda rank=rank: (rank, mc.DATA_PARALLEL_SIZE),
             to_tensor=lambda a: a)
         train, valid, test = provider([mc.TRAIN_SAMPLES, 1, 1])
@@ -411,19 +389,11 @@ def test_provider(run):
             assert not describe(f"provider train from {at}, rank {rank}", got, _from(cell, at, rank, 4))
         else:
             assert got == run.rank_files("train", rank)[at // cell.group:][:4]
-        want = [mb for _, ranks in steps[valid_at:] for mb in ranks[rank]][:2]
-        check = (f"provider valid from step {valid_at}, rank {rank}", [_rows(b) for b in itertools.islice(valid, 2)],
-                 want)
-        (later if steps[valid_at][0] > 0 else now).append(check)
-        want = [mb for step in cell.test_steps(last) for mb in step[rank]][:2]
-        check = (f"provider test, rank {rank}", [_rows(b) for b in itertools.islice(test, 2)], want)
-        (later if last > 0 else now).append(check)
-    for check in now:
-        assert not describe(*check)
-    if later:
-        pending(cell, "provider evals")
-    for check in later:
-        assert not describe(*check)
+        want = [mb for k, ranks in steps[valid_at:] if k == launch for mb in ranks[rank]][:2]
+        got = [_rows(b) for b in itertools.islice(valid, 2)]
+        assert not describe(f"provider valid from step {valid_at}, rank {rank}", got, want)
+        want = [mb for step in cell.test_steps(launch) for mb in step[rank]][:2]
+        assert not describe(f"provider test, rank {rank}", [_rows(b) for b in itertools.islice(test, 2)], want)
 
 
 # -- what Megatron refuses ------------------------------------------------------------------
