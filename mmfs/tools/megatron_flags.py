@@ -11,7 +11,9 @@ with a comment and a warning where it can still be right but some views then do 
 show what a rank trains on (WARNED). Flags that change only a batch's fields or how
 Megatron loads are named in a comment (NOTED). Every other flag (model, optimiser,
 logging, checkpointing, --iterations-to-skip, whose batches Megatron still reads) is
-ignored silently.
+ignored silently. --use-varlen-dataset and --sequence-packing-scheduler are Megatron-LM
+main's (its VarlenDataset and data_schedule.py name them; the arguments.py of main at
+d98e8a64dd, 2026-08-22, does not add them yet): refused and warned by name.
 """
 
 from __future__ import annotations

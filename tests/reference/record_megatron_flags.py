@@ -5,9 +5,10 @@ ValidationConfig dataclasses (the training loop's batch sizes, lengths and
 evaluations), for each version given. tests/test_megatron_flags.py checks that
 mmfs/tools/megatron_flags.py says what it does with every one of them.
 
-    python tests/reference/record_megatron_flags.py core_v0.19.0=LM_ROOT main=LM_ROOT_MAIN
+    python tests/reference/record_megatron_flags.py core_v0.19.0=LM_ROOT main@COMMIT=LM_ROOT_MAIN
 
-LM_ROOT: a Megatron-LM checkout (or `git archive` of one). Plain Python: the files
+LM_ROOT: a Megatron-LM checkout (or `git archive` of one; the committed file: main at
+d98e8a64dd, 2026-08-22). Plain Python: the files
 are parsed, nothing of Megatron is imported. Deterministic.
 """
 
