@@ -72,10 +72,13 @@ class FaultProxy:
     "301" | "307" (a redirect to `location` + the request's path, with no body) |
     None; with `match`, only requests whose path holds it; `down` refuses every
     connection; `delay` (seconds) before each request. `connections` counts the
-    connections made to it. Quirks of some stores, on every request: `drop_if_match`
-    passes requests on without their If-Match (a store that ignores it);
-    `expired_tokens` answers a request signed with one of those session tokens as
-    S3 does an expired one (400 ExpiredToken)."""
+    connections made to it; `in_flight` the ranged GETs taken and not yet answered
+    (from their arrival to the first byte of their answer, so never more than a
+    client has sent), `peak_in_flight` the most at once since `reset_peak()`.
+    Quirks of some stores, on every request: `drop_if_match` passes requests on
+    without their If-Match (a store that ignores it); `expired_tokens` answers a
+    request signed with one of those session tokens as S3 does an expired one
+    (400 ExpiredToken)."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
@@ -94,6 +97,7 @@ class FaultProxy:
         self.seen: list[tuple[str, str, str]] | None = None  # (method, path, Range) of every request, when a list
         self.injected = 0
         self.connections = 0
+        self.in_flight = self.peak_in_flight = 0
         self.match: str | None = None
         self.location = ""
         self.drop_if_match = False
@@ -142,6 +146,22 @@ class FaultProxy:
             self.fault, self.remaining, self.every, self.period = fault, count, every, period
             self._matching = 0
 
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak_in_flight = self.in_flight
+
+    def _arrived(self) -> list:
+        with self._lock:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        return [True]
+
+    def _answering(self, ticket: list) -> None:
+        """A ranged GET is about to be answered (or dropped): no longer in flight (once)."""
+        if ticket and ticket.pop():
+            with self._lock:
+                self.in_flight -= 1
+
     def release(self) -> None:
         """End the fault, and let every hung request go (each connection is closed)."""
         self.inject(None)
@@ -164,6 +184,13 @@ class FaultProxy:
             return None
 
     def _serve(self, h: BaseHTTPRequestHandler) -> None:
+        ticket = self._arrived() if h.command == "GET" and "Range" in h.headers else []
+        try:
+            self._answer(h, ticket)
+        finally:
+            self._answering(ticket)
+
+    def _answer(self, h: BaseHTTPRequestHandler, ticket: list) -> None:
         if self.delay:
             time.sleep(self.delay)
         length = int(h.headers.get("Content-Length") or 0)
@@ -174,6 +201,7 @@ class FaultProxy:
                 self.refused_tokens += 1
             fault = "expired"
         if fault in ("301", "307"):
+            self._answering(ticket)
             h.send_response(int(fault))
             h.send_header("Location", self.location + h.path)
             h.send_header("Content-Length", "0")
@@ -188,6 +216,7 @@ class FaultProxy:
             del h.headers["Range"]
             h.headers["Range"] = f"bytes={int(first) + 2}-{int(last) + 2}"
         if fault == "cut" or self.down:
+            self._answering(ticket)
             h.close_connection = True
             with contextlib.suppress(OSError):
                 h.connection.shutdown(socket.SHUT_RDWR)
@@ -197,6 +226,7 @@ class FaultProxy:
                             "deny": (403, "AccessDenied"), "expired": (400, "ExpiredToken")}[fault]
             payload = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code>"
                        f"<Message>injected</Message></Error>").encode()
+            self._answering(ticket)
             h.send_response(status)
             h.send_header("Content-Type", "application/xml")
             h.send_header("Content-Length", str(len(payload)))
@@ -219,6 +249,7 @@ class FaultProxy:
             return
         if not stream:
             conn.close()
+        self._answering(ticket)
         h.send_response(answer.status)
         for k, v in answer.getheaders():
             if k.lower() not in ("transfer-encoding", "connection", "content-length"):

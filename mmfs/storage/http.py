@@ -190,6 +190,8 @@ class Endpoint:
             raise OSError(message or f"libcurl error {code}") from None
         finally:
             self.opened += c.getinfo(pycurl.NUM_CONNECTS)
+            # from the request sent to the answer's first byte: the store's latency
+            self._local.first_byte = max(0.0, c.getinfo(pycurl.STARTTRANSFER_TIME) - c.getinfo(pycurl.PRETRANSFER_TIME))
         if not answer.status:
             answer.head()  # an answer without a body
         if answer.other:
@@ -203,6 +205,10 @@ class Endpoint:
         if answer.at != answer.n:
             raise BadAnswer(f"short body: {answer.at} of {answer.n} bytes")
         return 206, ""
+
+    def first_byte(self) -> float:
+        """Seconds from this thread's last request sent to its answer's first byte."""
+        return getattr(self._local, "first_byte", 0.0)
 
 
 def _weakless(etag: str) -> str:

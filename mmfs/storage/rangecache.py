@@ -193,6 +193,38 @@ class RangeCache:
             self._fetch_alone(fetch, a, view[a - lo : b - lo])
         return hi - lo
 
+    def warm(self, key: str, size: int, offset: int, length: int, fetch: Fetch) -> int:
+        """Fetch into the cache the parts of [offset, offset + length) neither cached
+        nor being fetched, without waiting for other threads' fetches and copying
+        nothing out (read-ahead: a thread that holds a request slot never waits for
+        one that may not have one yet). A part that finds no room is not fetched.
+        The bytes fetched; raises what fetch raises."""
+        lo, hi = offset, min(offset + length, size)
+        if hi <= lo:
+            return 0
+        with self._lock:
+            obj = self._object(key, size) if self.on_disk else None
+            if obj is None:
+                return 0
+            mine = [(a, b, threading.Event()) for a, b in _split(obj.gaps(lo, hi)) if self._reserve(a, b)]
+            obj.pending.extend(mine)
+            shrinks = self._shrinks
+        buffer = bytearray(max((b - a for a, b, _ in mine), default=0))
+        fetched = []
+        try:
+            for a, b, _ in mine:
+                part = memoryview(buffer)[: b - a]
+                fetch(a, part)
+                fetched.append((a, b, self._store(obj, part, a, shrinks)))
+        finally:
+            with self._lock:
+                done = {(a, b): stored for a, b, stored in fetched}
+                for a, b, ev in mine:
+                    obj.pending.remove((a, b, ev))
+                    self._settle(key, obj, a, b, (a, b) in done, done.get((a, b), False))
+                    ev.set()
+        return sum(b - a for a, b, _ in fetched)
+
     def _fetch_alone(self, fetch: Fetch, offset: int, part: memoryview) -> None:
         fetch(offset, part)
         with self._lock:

@@ -5,8 +5,8 @@ bytes, and whole local copies for index files.
 
 A backend (s3.py, msc.py) supplies a RemoteObject subclass: `_lookup` (size and
 ETag, or NotThere / StorageUnavailable) and `_get_into` (one attempt at the bytes
-of a range, checked against the range asked for, raising Changed, Permanent or
-Transient); `register_backend` then makes its URL scheme openable.
+of a range, checked against the range asked for, raising Changed, Permanent,
+Transient or Overloaded); `register_backend` then makes its URL scheme openable.
 
 How long a read can wait (docs/object-storage.md, "When the store fails"): a
 request is at most `retries + 1` attempts, each ended at `request_timeout` (the
@@ -34,6 +34,7 @@ from typing import Any, Callable
 from mmfs.processes import pid_alive
 from mmfs.storage.base import StorageError, StorageUnavailable, register_scheme
 from mmfs.storage.file import FileSource
+from mmfs.storage.inflight import gate
 from mmfs.storage.rangecache import RangeCache
 from mmfs.storage.redact import redact
 from mmfs.storage.settings import StorageSettings, copy_path, current
@@ -64,7 +65,12 @@ class Permanent(Exception):
 
 
 class Transient(Exception):
-    """A failure worth another try (throttled, 5xx, timeout, cut connection)."""
+    """A failure worth another try (5xx, cut connection, a wrong answer)."""
+
+
+class Overloaded(Transient):
+    """The store asked for fewer requests (503 SlowDown, 429) or did not answer in
+    time: worth another try, with fewer requests in flight (inflight.py)."""
 
 
 class StoreDown:
@@ -151,18 +157,21 @@ class RemoteObject:
     def _lookup(self) -> tuple[int, str]:
         raise NotImplementedError
 
-    def _get_into(self, offset: int, buffer: memoryview) -> None:
-        """One attempt: fill `buffer` with the bytes at `offset`, or raise."""
+    def _get_into(self, offset: int, buffer: memoryview) -> float | None:
+        """One attempt: fill `buffer` with the bytes at `offset`, or raise; the
+        seconds until the answer's first byte, when the backend knows them."""
         raise NotImplementedError
 
     def fetch(self, offset: int, buffer: memoryview) -> None:
         """Fill `buffer` with the bytes at `offset`: at most `retries + 1` attempts,
         with backoff and jitter between them while the failures are transient.
-        Fails at once while the store is down."""
+        Fails at once while the store is down. Each attempt holds a slot of the
+        process's gate for the store (inflight.py) and tells it how it went."""
         end = offset + len(buffer)
         down = store_down(type(self), self.settings)
         down.check(self.url, offset, end)
         attempts = self.settings.retries + 1 if self.asks_again else 1
+        slots = gate(self.settings)
         last = ""
         for attempt in range(attempts):
             if attempt:
@@ -171,7 +180,14 @@ class RemoteObject:
                 self.retried += 1
             self.requests += 1
             try:
-                self._get_into(offset, buffer)
+                with slots.slot():
+                    cuts, sent = slots.cuts, time.monotonic()
+                    try:
+                        first_byte = self._get_into(offset, buffer)
+                    except Overloaded:
+                        slots.overloaded(cuts)
+                        raise
+                    slots.answered(time.monotonic() - sent if first_byte is None else first_byte)
                 return
             except Changed as exc:  # (its detail: how the store said so, when not by a 412)
                 detail = f"; {exc}" if str(exc) else ""
@@ -242,6 +258,14 @@ class RemoteSource:
         except OSError as exc:
             raise StorageError(f"{self.url}: bytes {offset}..{offset + len(buffer)}: "
                                f"{exc.strerror or exc}") from None
+
+    def warm(self, offset: int, length: int) -> int:
+        """Fetch into the range cache what of the range is neither cached nor being
+        fetched, waiting for no other fetch (prefetch); the bytes fetched."""
+        try:
+            return range_cache(self.object.settings).warm(self._key, self.size, offset, length, self.object.fetch)
+        except OSError as exc:
+            raise StorageError(f"{self.url}: bytes {offset}..{offset + length}: {exc.strerror or exc}") from None
 
     def opened(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()

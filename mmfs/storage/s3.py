@@ -44,12 +44,15 @@ from urllib.parse import parse_qs, urlsplit
 from mmfs.storage.base import NotThere, StorageError, StorageUnavailable
 from mmfs.storage.http import BadAnswer, Endpoint, OtherVersion, Redirect
 from mmfs.storage.redact import shown_url
-from mmfs.storage.remote import Changed, Permanent, RemoteObject, Transient, register_backend, short
+from mmfs.storage.remote import Changed, Overloaded, Permanent, RemoteObject, Transient, register_backend, short
 from mmfs.storage.settings import StorageSettings, endpoint_problem, environment_endpoint
 
 log = logging.getLogger(__name__)
 
 RENEW_SECONDS = 5.0  # between two readings of the credentials the store refused as expired
+# The store's answers that ask for fewer requests (S3's, and its kin's)
+SLOW_DOWN = ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
+             "TooManyRequestsException", "RequestThrottled", "ServiceUnavailable")
 # S3's answers to credentials that were valid once: an expired or revoked session token
 EXPIRED = ("ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired", "InvalidToken", "RequestExpired")
 RENEW_HINT = ("if it goes on, renew them (aws_session_token in the shared credentials file, "
@@ -288,7 +291,7 @@ class S3Object(RemoteObject):
             pass
         return exc
 
-    def _get_into(self, offset: int, buffer: memoryview) -> None:
+    def _get_into(self, offset: int, buffer: memoryview) -> float:
         here = store(self.settings)
         for again in (False, True):  # again: with credentials read anew
             try:
@@ -297,11 +300,13 @@ class S3Object(RemoteObject):
                 raise Transient(f"no credentials: {short(exc)}") from None
             status, code = self._attempt(here, found, offset, buffer)
             if status == 206:
-                return
+                return here.endpoint(self.base).first_byte()
             if code not in EXPIRED or again or found is None or not self._renewed(here, found, code):
                 break
         if status == 412 or code == "PreconditionFailed":
             raise Changed()
+        if status in (429, 503) or code in SLOW_DOWN:
+            raise Overloaded(f"{code} (HTTP {status})")
         if code in EXPIRED:
             raise Permanent(f"{code} (HTTP {status}): the store refused the credentials as expired; they are "
                             f"read again every {RENEW_SECONDS:g} s at most while it does; {RENEW_HINT}")
@@ -323,7 +328,9 @@ class S3Object(RemoteObject):
             raise Changed(f"the store answered ETag {exc.etag}") from None
         except Redirect as exc:
             raise Permanent(redirect_message(self.base, exc.status, exc.location)) from None
-        except (BadAnswer, OSError) as exc:  # a wrong range, a cut connection, the deadline
+        except TimeoutError as exc:  # the deadline: a store this slow gets fewer requests
+            raise Overloaded(short(exc)) from None
+        except (BadAnswer, OSError) as exc:  # a wrong range, a cut connection
             raise Transient(short(exc)) from None
 
 
