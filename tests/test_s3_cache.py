@@ -241,7 +241,7 @@ def test_the_prefetcher_queues_a_rank_that_fell_behind_first(tmp_path):
     for j in range(4):
         prefetcher._advance(behind, find(behind), j)
     reading = {ahead: 9, behind: 3}
-    order = [(view, j) for view, (_, j) in prefetcher.queue.waiting() if j > reading[view]]  # (passed: skipped)
+    order = [(view, j) for view, (_, j, *_) in prefetcher.queue.waiting() if j > reading[view]]  # (passed: skipped)
     views = [view for view, _ in order]
     assert behind in views and ahead in views
     assert views == sorted(views, key=lambda v: v != behind), order  # every file of rank 1 first

@@ -5,16 +5,20 @@ rank's micro-batches (ranks/RRR, or a stream layout's rank folder) or of
 documents reads file j + 1 after file j. When the C handlers serve the first
 bytes of file j of a view, they tell this prefetcher (mmfs_fuse_set_read_hook,
 with the view's path), which reads files j + 1, j + 2, ... of that view in the
-background, ahead of the reader, on `max_requests` workers. The window starts at
-two files and doubles, up to `prefetch` bytes, each time the reader reaches a
-file whose fetch has not finished while the view has fewer fetches waiting or
-running than its share of the workers (`max_requests` over the views fetching;
-with its share busy, the store is what the reader waits for, and a wider window
-would only fetch further ahead): it grows until it hides the store's latency at
-the reader's pace, and no further, so what is fetched and never read when a
-reader stops stays small. (The share is each view's own: counted against all the
-workers, the ranks that came first could grow their windows and keep the others'
-from growing.)
+background, ahead of the reader, on `max_requests` workers, each of which holds
+one of the store's request slots while it fetches (storage/inflight.py: their
+number, the limit, follows the readers' demand and the store's answers, and the
+readers' own requests take free slots first). The window starts at two files and
+doubles, up to `prefetch` bytes, each time the reader reaches a file whose fetch
+has not finished while the view has fewer fetches waiting or running than its
+share of the slots (the limit over the views fetching; with its share busy, the
+store is what the reader waits for, and a wider window would only fetch further
+ahead): it grows until it hides the store's latency at the reader's pace, and no
+further, so what is fetched and never read when a reader stops stays small. (The
+share is each view's own: counted against all the slots, the ranks that came
+first could grow their windows and keep the others' from growing.) A worker
+fetches only what is neither cached nor being fetched, and waits for no other
+fetch while it holds its slot.
 Reading a file through the C core fetches exactly the byte ranges of its pieces
 into the range cache, so the reader then finds them there. Each view has its own
 window: a rank that reads only its own files fetches only its own samples' bytes.
@@ -47,6 +51,7 @@ from mmfs.errors import MmfsError
 from mmfs.megatron.arrays import noted_fetches
 from mmfs.mount.fairshare import FairQueue
 from mmfs.native import ffi, lib
+from mmfs.storage.inflight import Gate
 from mmfs.storage.rangecache import MAX_REQUEST
 
 log = logging.getLogger(__name__)
@@ -62,13 +67,25 @@ class _Window:
     target: int = 0  # bytes to keep ahead: doubled whenever the reader outruns the window
 
 
+class _File:
+    """A file of a window whose pieces are fetched, each by a worker of its own: the
+    pieces left, and how the file went ("fetched" unless a piece failed or was skipped)."""
+
+    __slots__ = ("left", "outcome")
+
+    def __init__(self, pieces: int) -> None:
+        self.left = pieces
+        self.outcome = "fetched"
+
+
 FindView = Callable[[str], "tuple[Any, Any] | None"]  # a view's path -> (registry, view)
 
 
 class Prefetcher:
     """Reads ahead of the readers of the views `find_view` knows (mount/views.py)."""
 
-    def __init__(self, find_view: FindView, prefetch: int, max_requests: int, budget: int | None = None) -> None:
+    def __init__(self, find_view: FindView, prefetch: int, max_requests: int, budget: int | None = None,
+                 slots: Gate | None = None) -> None:
         self.find_view = find_view
         self.prefetch = prefetch
         self.budget = budget if budget is not None else 4 * prefetch  # bytes ahead, all windows together
@@ -76,13 +93,15 @@ class Prefetcher:
         self._windows: dict[str, _Window] = {}
         self._sizes: dict[tuple[str, int], int] = {}  # (view, file) scheduled -> bytes
         self._done: set[tuple[str, int]] = set()  # (view, file) scheduled and fetched
-        self._running: Counter[str] = Counter()  # per view: fetches scheduled and not finished
+        self._running: Counter[str] = Counter()  # per view: pieces scheduled and not finished (under _lock)
         self.max_requests = max_requests
+        self.slots = slots if slots is not None else Gate(max_requests)  # the store's request slots
         self.queue = FairQueue()
         self._workers = [threading.Thread(target=self._work, name=f"mmfs-prefetch-{k}", daemon=True)
                          for k in range(max_requests)]
         self._pieces = ThreadPoolExecutor(max_requests, thread_name_prefix="mmfs-fetch")  # for readers
         self.files = self.failed = 0
+        self._lock = threading.Lock()  # the pieces left of the files being fetched
         self._hook = ffi.callback("mmfs_read_hook", self._told)  # kept alive with self
         self._thread = threading.Thread(target=self._run, name="mmfs-prefetch-plan", daemon=True)
 
@@ -101,6 +120,7 @@ class Prefetcher:
         if self.prefetch > 0:
             log.info("prefetch: %d files fetched ahead, %d failed; bytes per view: %s", self.files,
                      self.failed, json.dumps(self.queue.given, sort_keys=True))
+        log.info("requests in flight: %s", json.dumps(self.slots.counters(), sort_keys=True))
 
     def _told(self, path, file: int) -> None:
         """From a FUSE thread, in C's read handler, before it reads file `file` of
@@ -133,10 +153,8 @@ class Prefetcher:
             try:
                 if kind == "read":
                     self._advance(key, found, file)
-                else:  # "fetched", "failed" or "skipped"
-                    self._running[key] -= 1
-                    if kind == "fetched" and (key, file) in self._sizes:
-                        self._done.add((key, file))
+                elif kind == "fetched" and (key, file) in self._sizes:  # (else "failed" or "skipped")
+                    self._done.add((key, file))
             except Exception:  # never let the planner die: the mount still serves
                 log.exception("prefetch planning failed")
 
@@ -146,7 +164,8 @@ class Prefetcher:
             w = self._windows[key] = _Window(*found)
         registry, view = found
         if file <= w.reading or file > w.next:  # a jump (or a re-read): start over here
-            self._running[key] -= len(self.queue.drop(key))
+            for _, j, _, state in self.queue.drop(key):
+                self._piece_done(key, j, state, "skipped")
             w.next, w.ahead = file + 1, 0
             w.target = 2 * registry.size(view, file)
             self._sizes = {k: v for k, v in self._sizes.items() if k[0] != key}
@@ -169,34 +188,55 @@ class Prefetcher:
             w.ahead += size
             ahead += size
             w.next += 1
-            self._running[key] += 1
-            self.queue.put(key, size, (w, j))
+            pieces = merged(_noted(registry, view, j)) or [None]  # (None: nothing to fetch, all local)
+            state = _File(len(pieces))
+            with self._lock:
+                self._running[key] += len(pieces)
+            for piece in pieces:  # each its own request: the file is there in one round trip
+                self.queue.put(key, size if piece is None else piece[2], (w, j, piece, state))
 
     def _share(self) -> int:
-        """A view's fair part of the workers: max_requests over the views fetching."""
-        return max(1, self.max_requests // max(1, sum(n > 0 for n in self._running.values())))
+        """A view's fair part of the request slots: the limit over the views fetching."""
+        with self._lock:
+            fetching = sum(n > 0 for n in self._running.values())
+        return max(1, self.slots.limit // max(1, fetching))
+
+    def _piece_done(self, key: str, j: int, state: _File, outcome: str) -> None:
+        """A piece of file j of view `key` went as `outcome`; the file's event once
+        all its pieces are done."""
+        with self._lock:
+            self._running[key] -= 1
+            state.left -= 1
+            if outcome != "fetched" and state.outcome != "failed":
+                state.outcome = outcome
+            if state.left:
+                return
+        if state.outcome == "fetched":
+            self.files += 1
+        elif state.outcome == "failed":
+            self.failed += 1
+        self._events.put((state.outcome, key, j, None))
 
     def _work(self) -> None:
-        """A worker: the fair queue's next file, into the range cache."""
+        """A worker: the fair queue's next piece, into the range cache."""
         while (got := self.queue.get()) is not None:
-            key, (w, j) = got
+            key, (w, j, piece, state) = got
             outcome = "failed"
             try:
-                if j <= w.reading or self._windows.get(key) is not w:
-                    outcome = "skipped"  # its reader is there already: it fetches it itself
-                    continue
-                for source, offset, n in merged(_noted(w.registry, w.view, j)):  # joined pieces in turn
-                    source.read_into(offset, bytearray(n))
-                self.files += 1
+                if piece is not None:
+                    with self.slots.slot(background=True):  # the fair queue's order, behind the readers' own
+                        if j <= w.reading or self._windows.get(key) is not w:
+                            outcome = "skipped"  # its reader is there already: it fetches it itself
+                            continue
+                        source, offset, n = piece
+                        source.warm(offset, n)
                 outcome = "fetched"
             except MmfsError as exc:  # the reader's own read will say why, with EIO
-                self.failed += 1
                 log.debug("prefetch of %s/%s: %s", w.view.path, w.view.name(j), exc)
             except Exception:  # a worker never dies
-                self.failed += 1
                 log.debug("prefetch of %s/%s failed", w.view.path, w.view.name(j), exc_info=True)
             finally:
-                self._events.put((outcome, key, j, None))
+                self._piece_done(key, j, state, outcome)
 
 
 def _noted(registry, view, file: int) -> list[tuple[object, int, int]]:
