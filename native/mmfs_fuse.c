@@ -26,6 +26,30 @@ static int64_t *g_dyn_used;
 static int64_t g_tick;
 static mmfs_read_hook g_read_hook;
 
+/* Requests counted by kind (mmfs_fuse_requests), READs in the handler now and at most. */
+enum { KIND_GETATTR, KIND_READ, KIND_READDIR, KIND_IOCTL, KINDS };
+static const char *const g_kind_names[KINDS] = {"getattr", "read", "readdir", "ioctl"};
+static int64_t g_requests[KINDS];
+static int64_t g_reading, g_reading_peak;
+
+static void count(int kind) { __atomic_add_fetch(&g_requests[kind], 1, __ATOMIC_RELAXED); }
+
+const char *mmfs_fuse_request_name(int32_t kind) { return kind >= 0 && kind < KINDS ? g_kind_names[kind] : NULL; }
+
+int64_t mmfs_fuse_requests(int32_t kind) {
+    return kind >= 0 && kind < KINDS ? __atomic_load_n(&g_requests[kind], __ATOMIC_RELAXED) : -1;
+}
+
+int64_t mmfs_fuse_reads_at_once(void) { return __atomic_load_n(&g_reading_peak, __ATOMIC_RELAXED); }
+
+static void reading_starts(void) {
+    int64_t now = __atomic_add_fetch(&g_reading, 1, __ATOMIC_RELAXED);
+    int64_t peak = __atomic_load_n(&g_reading_peak, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&g_reading_peak, &peak, now, 1, __ATOMIC_RELAXED,
+                                                      __ATOMIC_RELAXED)) {
+    }
+}
+
 void mmfs_fuse_set_read_hook(mmfs_read_hook hook) {
     __atomic_store_n(&g_read_hook, hook, __ATOMIC_RELEASE);
 }
@@ -132,12 +156,14 @@ static int view_stat(const char *path, struct stat *st, int *rc) {
 int mmfs_fuse_getattr(const char *path, void *st) {
     int rc;
     mmfs_latency_touch();
+    count(KIND_GETATTR);
     return view_stat(path, st, &rc) ? rc : g_fallback.getattr(path, st);
 }
 
 int mmfs_fuse_fgetattr(const char *path, void *st, void *fi) {
     int rc;
     mmfs_latency_touch();
+    count(KIND_GETATTR);
     return view_stat(path, st, &rc) ? rc : g_fallback.fgetattr(path, st, fi);
 }
 
@@ -182,11 +208,10 @@ static void tell(mmfs_read_hook hook, const char *path) {
     if (found) hook(view_path, file);
 }
 
-int mmfs_fuse_read(const char *path, char *buf, size_t size, int64_t offset, void *fi) {
+static int read_counted(const char *path, char *buf, size_t size, int64_t offset, void *fi) {
     int rc;
     int32_t d;
     int64_t file, failed;
-    mmfs_latency_touch();
     mmfs_read_hook hook = __atomic_load_n(&g_read_hook, __ATOMIC_ACQUIRE);
     if (hook && offset == 0) tell(hook, path);
     pthread_rwlock_rdlock(&g_dyn_lock);
@@ -196,6 +221,22 @@ int mmfs_fuse_read(const char *path, char *buf, size_t size, int64_t offset, voi
     /* A dynamic view's failed read goes to Python as a request: it reads again and logs why. */
     return d >= 0 ? g_fallback.read_failed(d, file, failed, size, offset)
                   : g_fallback.read(path, buf, size, offset, fi);
+}
+
+int mmfs_fuse_read(const char *path, char *buf, size_t size, int64_t offset, void *fi) {
+    mmfs_latency_touch();
+    count(KIND_READ);
+    reading_starts();
+    int rc = read_counted(path, buf, size, offset, fi);
+    __atomic_sub_fetch(&g_reading, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
+int mmfs_fuse_ioctl(const char *path, int cmd, void *arg, void *fi, unsigned int flags, void *data) {
+    (void)path, (void)cmd, (void)arg, (void)fi, (void)flags, (void)data;
+    mmfs_latency_touch();
+    count(KIND_IOCTL);
+    return -ENOTTY;
 }
 
 /* 1 if answered (into *rc), 0 to hand over to Python. */
@@ -228,6 +269,7 @@ static int readdir_locked(const char *path, void *buf, void *filler, int64_t off
 int mmfs_fuse_readdir(const char *path, void *buf, void *filler, int64_t offset, void *fi) {
     int rc;
     mmfs_latency_touch();
+    count(KIND_READDIR);
     pthread_rwlock_rdlock(&g_dyn_lock);
     int answered = readdir_locked(path, buf, filler, offset, &rc);
     pthread_rwlock_unlock(&g_dyn_lock);

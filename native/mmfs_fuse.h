@@ -52,6 +52,17 @@ int mmfs_fuse_getattr(const char *path, void *st);
 int mmfs_fuse_fgetattr(const char *path, void *st, void *fi);
 int mmfs_fuse_read(const char *path, char *buf, size_t size, int64_t offset, void *fi);
 int mmfs_fuse_readdir(const char *path, void *buf, void *filler, int64_t offset, void *fi);
+/* Every ioctl(2) on a file of the mount (Python's open() asks isatty: TCGETS):
+ * -ENOTTY. The kernel forwards each one; no answer makes it stop asking. */
+int mmfs_fuse_ioctl(const char *path, int cmd, void *arg, void *fi, unsigned int flags, void *data);
+
+/* The requests the handlers above were sent, counted by kind since the mount
+ * (LOOKUP and GETATTR both reach getattr in libfuse 2's high-level API; a request
+ * handed over to Python counts too): kind k's name, NULL past the last kind, and
+ * its count. reads_at_once: the most READs in the handler at one time. */
+const char *mmfs_fuse_request_name(int32_t kind);
+int64_t mmfs_fuse_requests(int32_t kind);
+int64_t mmfs_fuse_reads_at_once(void);
 
 /* A PM QoS request held while requests flow, only with `-o low_latency` (see
  * mmfs/latency.py): mmfs_latency_touch() on every request opens `device` and

@@ -131,6 +131,7 @@ XATTR_DATASET = "user.mmfs.dataset"
 XATTR_PIECES = "user.mmfs.pieces"
 XATTR_SAMPLES = "user.mmfs.samples"
 XATTR_PHASE = "user.mmfs.phase"  # a run in phases (docs/phases.md): the train sample's phase
+XATTR_COUNTERS = "user.mmfs.counters"  # on the mount's root: the daemon's own counters, JSON (docs/mount.md)
 XATTR_DOCS = {
     XATTR_DATASET: "name of the dataset a sample was cut from",
     XATTR_PIECES: "space-separated sequence:offset:length triples, in sample order "
@@ -138,6 +139,8 @@ XATTR_DOCS = {
     XATTR_SAMPLES: "on a micro-batch file: its sample ids in the split, space-separated, in batch order",
     XATTR_PHASE: "on a train sample of a run in phases (and on a file of train/beyond): its phase (index in "
     "mmfs.json's phases.phases, from 0)",
+    XATTR_COUNTERS: "on the mount's root: the daemon's counters as JSON (requests by kind, the most READs at once, "
+    "requests to the store in flight)",
 }
 
 # -- mmfs.json keys a loader reads --------------------------------------------------

@@ -17,6 +17,12 @@ Why it is shaped this way (all for speed, the contents never change):
 - `open` answers ENOSYS. The kernel then stops sending OPEN and RELEASE for
   files altogether and keeps their page cache across opens (the kernel's
   "no_open" mode, Linux >= 4.19), so a file read costs one LOOKUP and one READ.
+  An ioctl(2) on a file (Python's open() asks isatty) reaches the daemon each
+  time, whatever it answers (fs/fuse/ioctl.c keeps no "not supported" as it
+  does for OPEN); a C handler answers ENOTTY and counts it.
+- The daemon counts the requests it is sent (the C handlers by kind, Python's
+  own by name) and its requests to a store in flight; `user.mmfs.counters` on
+  the mount's root gives them (docs/mount.md).
 - The mount is read-only (`ro`): the kernel refuses writes with EROFS before
   they reach mmfs; the write-like handlers below answer EROFS as well.
 """
@@ -25,9 +31,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import logging
 import os
 import signal
+import threading
+from collections import Counter
 from functools import partial
 from importlib import metadata
 from typing import Any
@@ -35,6 +44,7 @@ from typing import Any
 import fuse as fusepy
 
 from mmfs.errors import MmfsError, MountError
+from mmfs.mount.contract import XATTR_COUNTERS
 from mmfs.mount.latency import LatencyGuard
 from mmfs.mount.options import MountOptions
 from mmfs.mount.prefetch import Prefetcher
@@ -42,6 +52,8 @@ from mmfs.mount.repeats import FOLD_SECONDS, FailedReads, FoldedFailures, Repeat
 from mmfs.mount.tree import DIR_MODE, FILE_MODE, LINK_MODE, Dir, Tree
 from mmfs.mount.views import read_failure_parts
 from mmfs.native import check, ffi, lib
+from mmfs.storage.inflight import counters as request_counters
+from mmfs.storage.inflight import gate as request_gate
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +61,18 @@ log = logging.getLogger(__name__)
 # (pinned in pyproject.toml), and where libfuse 2.9 has those handlers in its
 # `struct fuse_operations` on a 64-bit Linux (field k at byte 8 k).
 FUSEPY_VERSION = "3.0.1"
-NATIVE_HANDLERS = {"getattr": 0, "read": 15 * 8, "readdir": 26 * 8, "fgetattr": 34 * 8}
+NATIVE_HANDLERS = {"getattr": 0, "read": 15 * 8, "readdir": 26 * 8, "fgetattr": 34 * 8, "ioctl": 39 * 8}
 
 # The data never changes while mounted: let the kernel cache names, attributes
 # and misses for a day.
 CACHE_SECONDS = 86400
+# READs the kernel sends at once on this mount's connection (its read-ahead is
+# "background" requests, 12 at most by default, and a reader finds the mount
+# "congested" past 9): enough for the ranks of a node and their loader workers
+# each waiting on the store. The kernel takes more than its own cap
+# (/proc/sys/fs/fuse/max_user_bgreq) only from root.
+MAX_BACKGROUND = 128
+CONGESTION_THRESHOLD = 96
 
 DEFAULT_OPTIONS: dict[str, Any] = {
     "ro": True,
@@ -62,6 +81,8 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "attr_timeout": CACHE_SECONDS,
     "entry_timeout": CACHE_SECONDS,
     "negative_timeout": CACHE_SECONDS,
+    "max_background": MAX_BACKGROUND,
+    "congestion_threshold": CONGESTION_THRESHOLD,
     "subtype": "mmfs",
 }
 
@@ -79,8 +100,9 @@ class Operations:
 
     use_ns = True  # times in nanoseconds (fusepy warns otherwise)
 
-    def __init__(self, tree: Tree) -> None:
+    def __init__(self, tree: Tree, counters: Any = dict) -> None:
         self.tree = tree
+        self.counters = counters  # () -> the daemon's counters, for user.mmfs.counters on the root
 
     def __call__(self, op: str, *args: Any) -> Any:
         return getattr(self, op)(*args)
@@ -98,6 +120,8 @@ class Operations:
         return target
 
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        if path == "/" and name == XATTR_COUNTERS:
+            return json.dumps(self.counters(), sort_keys=True).encode()
         try:
             value = self.tree.xattr(self._node(path), name)
         except MmfsError as exc:  # the file cannot be read: say why, answer EIO
@@ -108,7 +132,7 @@ class Operations:
         return value
 
     def listxattr(self, path: str) -> list[str]:
-        return list(self.tree.xattr_names(self._node(path)))
+        return [XATTR_COUNTERS] if path == "/" else list(self.tree.xattr_names(self._node(path)))
 
     def statfs(self, path: str) -> dict[str, int]:
         return self.tree.statfs()
@@ -146,6 +170,9 @@ class Daemon(fusepy.FUSE):
         self._keep: list[Any] = []
         self._failed = FailedReads()
         self.failures = FoldedFailures(log.error, fold_seconds)  # closed when the mount ends
+        self._calls: Counter[str] = Counter()  # the requests Python answers, by table entry
+        self._calls_lock = threading.Lock()
+        operations.counters = self.counters
 
     # -- the table ---------------------------------------------------------------
 
@@ -155,7 +182,7 @@ class Daemon(fusepy.FUSE):
         table = fusepy.fuse_operations()
         prototypes = {field[0]: field[1] for field in fusepy.fuse_operations._fields_}
         for name in PYTHON_HANDLERS:
-            handler = prototypes[name](partial(self._wrapper, getattr(self, name)))
+            handler = prototypes[name](partial(self._counted, name, getattr(self, name)))
             setattr(table, name, handler)
             self._keep.append(handler)
         python = {  # what the C handlers hand over to
@@ -180,6 +207,24 @@ class Daemon(fusepy.FUSE):
         for name in NATIVE_HANDLERS:
             setattr(table, name, prototypes[name](native_address(name)))
         return table
+
+    def _counted(self, name: str, handler: Any, *args: Any) -> int:
+        with self._calls_lock:
+            self._calls[name] += 1
+        return self._wrapper(handler, *args)
+
+    def counters(self) -> dict[str, Any]:
+        """The requests this daemon was sent, by kind (the C handlers' and Python's),
+        the most READs at once, and its requests to stores in flight."""
+        requests = {}
+        kind = 0
+        while (name := lib.mmfs_fuse_request_name(kind)) != ffi.NULL:
+            requests[ffi.string(name).decode()] = lib.mmfs_fuse_requests(kind)
+            kind += 1
+        with self._calls_lock:
+            requests.update(self._calls)
+        return {"requests": requests, "reads_at_once": lib.mmfs_fuse_reads_at_once(),
+                "storage": request_counters()}
 
     # -- what the C handlers hand over: paths outside the views, failed reads ----
 
@@ -358,7 +403,7 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions | None = None) -> N
     if getattr(tree.corpus, "remote", False):
         storage = tree.corpus.config.storage
         prefetcher = Prefetcher(view_finder(tree), storage.prefetch, storage.max_requests,
-                                budget=storage.cache_limit // 2)
+                                budget=storage.cache_limit // 2, slots=request_gate(storage))
         prefetcher.start()
     daemon = Daemon(Operations(tree), options.log_fold)
     try:
