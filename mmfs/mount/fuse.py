@@ -35,8 +35,6 @@ import json
 import logging
 import os
 import signal
-import threading
-from collections import Counter
 from functools import partial
 from importlib import metadata
 from typing import Any
@@ -45,6 +43,7 @@ import fuse as fusepy
 
 from mmfs.errors import MmfsError, MountError
 from mmfs.mount.contract import XATTR_COUNTERS
+from mmfs.mount.counters import Counters
 from mmfs.mount.latency import LatencyGuard
 from mmfs.mount.options import MountOptions
 from mmfs.mount.prefetch import Prefetcher
@@ -52,7 +51,6 @@ from mmfs.mount.repeats import FOLD_SECONDS, FailedReads, FoldedFailures, Repeat
 from mmfs.mount.tree import DIR_MODE, FILE_MODE, LINK_MODE, Dir, Tree
 from mmfs.mount.views import read_failure_parts
 from mmfs.native import check, ffi, lib
-from mmfs.storage.inflight import counters as request_counters
 from mmfs.storage.inflight import gate as request_gate
 
 log = logging.getLogger(__name__)
@@ -66,11 +64,11 @@ NATIVE_HANDLERS = {"getattr": 0, "read": 15 * 8, "readdir": 26 * 8, "fgetattr": 
 # The data never changes while mounted: let the kernel cache names, attributes
 # and misses for a day.
 CACHE_SECONDS = 86400
-# READs the kernel sends at once on this mount's connection (its read-ahead is
-# "background" requests, 12 at most by default, and a reader finds the mount
-# "congested" past 9): enough for the ranks of a node and their loader workers
-# each waiting on the store. The kernel takes more than its own cap
-# (/proc/sys/fs/fuse/max_user_bgreq) only from root.
+# Background requests (read-ahead, where the kernel sends it asynchronously) the
+# kernel sends this mount's connection at once, and from how many on it counts the
+# mount congested; its defaults, 12 and 9, would cap a node's ranks and their loader
+# workers waiting on the store. This connection's only; the kernel takes more than
+# /sys/module/fuse/parameters/max_user_bgreq only from root.
 MAX_BACKGROUND = 128
 CONGESTION_THRESHOLD = 96
 
@@ -100,9 +98,9 @@ class Operations:
 
     use_ns = True  # times in nanoseconds (fusepy warns otherwise)
 
-    def __init__(self, tree: Tree, counters: Any = dict) -> None:
+    def __init__(self, tree: Tree, counters: Counters | None = None) -> None:
         self.tree = tree
-        self.counters = counters  # () -> the daemon's counters, for user.mmfs.counters on the root
+        self.counters = counters or Counters()  # the daemon's, for user.mmfs.counters on the root
 
     def __call__(self, op: str, *args: Any) -> Any:
         return getattr(self, op)(*args)
@@ -121,7 +119,7 @@ class Operations:
 
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         if path == "/" and name == XATTR_COUNTERS:
-            return json.dumps(self.counters(), sort_keys=True).encode()
+            return json.dumps(self.counters.read(), sort_keys=True).encode()
         try:
             value = self.tree.xattr(self._node(path), name)
         except MmfsError as exc:  # the file cannot be read: say why, answer EIO
@@ -170,9 +168,7 @@ class Daemon(fusepy.FUSE):
         self._keep: list[Any] = []
         self._failed = FailedReads()
         self.failures = FoldedFailures(log.error, fold_seconds)  # closed when the mount ends
-        self._calls: Counter[str] = Counter()  # the requests Python answers, by table entry
-        self._calls_lock = threading.Lock()
-        operations.counters = self.counters
+        self._counters = operations.counters
 
     # -- the table ---------------------------------------------------------------
 
@@ -209,22 +205,8 @@ class Daemon(fusepy.FUSE):
         return table
 
     def _counted(self, name: str, handler: Any, *args: Any) -> int:
-        with self._calls_lock:
-            self._calls[name] += 1
+        self._counters.count(name)
         return self._wrapper(handler, *args)
-
-    def counters(self) -> dict[str, Any]:
-        """The requests this daemon was sent, by kind (the C handlers' and Python's),
-        the most READs at once, and its requests to stores in flight."""
-        requests = {}
-        kind = 0
-        while (name := lib.mmfs_fuse_request_name(kind)) != ffi.NULL:
-            requests[ffi.string(name).decode()] = lib.mmfs_fuse_requests(kind)
-            kind += 1
-        with self._calls_lock:
-            requests.update(self._calls)
-        return {"requests": requests, "reads_at_once": lib.mmfs_fuse_reads_at_once(),
-                "storage": request_counters()}
 
     # -- what the C handlers hand over: paths outside the views, failed reads ----
 

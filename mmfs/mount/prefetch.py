@@ -229,7 +229,10 @@ class Prefetcher:
                             outcome = "skipped"  # its reader is there already: it fetches it itself
                             continue
                         source, offset, n = piece
-                        source.warm(offset, n)
+                        if hasattr(source, "warm"):
+                            source.warm(offset, n)
+                        else:  # a backend without it: read the bytes
+                            source.read_into(offset, bytearray(n))
                 outcome = "fetched"
             except MmfsError as exc:  # the reader's own read will say why, with EIO
                 log.debug("prefetch of %s/%s: %s", w.view.path, w.view.name(j), exc)

@@ -1,0 +1,33 @@
+"""The daemon's own counters, as `user.mmfs.counters` on the mount's root gives them
+(docs/mount.md): the FUSE requests it was sent by kind (the C handlers count theirs,
+native/mmfs_fuse.c; this counts the ones Python answers), the most READs in the
+daemon at once, and the requests to the store in flight (storage/inflight.py)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from mmfs.native import ffi, lib
+from mmfs.storage.inflight import counters as storage_counters
+
+
+class Counters:
+    def __init__(self) -> None:
+        self._python: Counter[str] = Counter()  # the requests Python answers, by table entry
+        self._lock = threading.Lock()
+
+    def count(self, name: str) -> None:
+        with self._lock:
+            self._python[name] += 1
+
+    def read(self) -> dict[str, Any]:
+        requests = {}
+        kind = 0
+        while (name := lib.mmfs_fuse_request_name(kind)) != ffi.NULL:
+            requests[ffi.string(name).decode()] = lib.mmfs_fuse_requests(kind)
+            kind += 1
+        with self._lock:
+            requests.update(self._python)
+        return {"requests": requests, "reads_at_once": lib.mmfs_fuse_reads_at_once(), "storage": storage_counters()}
