@@ -104,31 +104,35 @@ def rclone_mount(endpoint: str, bucket: str, mnt: Path, work: Path, budget: int,
         _unmount(mnt, proc)
 
 
-def read_ranks(rank_dirs: list[Path], n: int, seconds: float | None = None) -> dict:
-    """Read the first `n` files of every rank folder at once, one thread a rank, each
-    in order (as a rank's DataLoader does); with `seconds`, a rank starts no file after
-    that long (a system far slower than the others ends in bounded time). Returns the
-    wall time, each rank's finish time, the files and the bytes read."""
+def read_ranks(rank_dirs: list[Path], n: int, seconds: float | None = None, workers: int = 1) -> dict:
+    """Read the first `n` files of every rank folder at once, each in order (as a
+    rank's DataLoader does): one thread a rank, or `workers` a rank, worker w reading
+    files w, w + workers, ... (a DataLoader's workers); with `seconds`, a rank starts
+    no file after that long (a system far slower than the others ends in bounded
+    time). Returns the wall time, each rank's finish time, the files and the bytes read."""
     finished = [0.0] * len(rank_dirs)
-    served = [0] * len(rank_dirs)
-    files = [0] * len(rank_dirs)
+    served = [0] * len(rank_dirs) * workers
+    files = [0] * len(rank_dirs) * workers
     errors: list[BaseException] = []
+    lock = threading.Lock()
     start = time.perf_counter()
 
-    def rank(i: int) -> None:
+    def rank(i: int, w: int) -> None:
+        k = i * workers + w
         try:
-            names = sorted(os.listdir(rank_dirs[i]))[:n]
+            names = sorted(os.listdir(rank_dirs[i]))[:n][w::workers]
             for name in names:
                 if seconds is not None and time.perf_counter() - start > seconds:
                     break
                 with open(rank_dirs[i] / name, "rb") as f:
-                    served[i] += len(f.read())
-                files[i] += 1
-            finished[i] = time.perf_counter() - start
+                    served[k] += len(f.read())
+                files[k] += 1
+            with lock:
+                finished[i] = max(finished[i], time.perf_counter() - start)
         except BaseException as exc:  # reported once all threads end
             errors.append(exc)
 
-    threads = [threading.Thread(target=rank, args=(i,)) for i in range(len(rank_dirs))]
+    threads = [threading.Thread(target=rank, args=(i, w)) for i in range(len(rank_dirs)) for w in range(workers)]
     for t in threads:
         t.start()
     for t in threads:

@@ -13,6 +13,11 @@ mmfs.formats.writer, mounts each config as `mmfs mount` does, and prints:
    daemon's pread calls (counted with strace) per piece of those samples.
 3. Documents and sequences of exactly a sample's size (4097 uint16 tokens),
    cold files/s against sample files of sequence_length 4096, random order.
+4. Sample files of sequence_length 4096 (8 KiB), cold, random order, one reader:
+   Python's `open(path, "rb").read()` (which asks isatty: an ioctl) and
+   os.open/os.read/os.close, against the limit, an in-process pread of the same
+   pieces of the token file; and the FUSE requests each file cost, by kind, from
+   the daemon's own counters (`user.mmfs.counters`).
 
 Passes take turns slice by slice (as `mmfs bench` does), so that a noisy
 neighbour slows every method alike; compare the ratios.
@@ -21,6 +26,7 @@ neighbour slows every method alike; compare the ratios.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -33,7 +39,7 @@ import numpy as np
 
 from mmfs.formats.writer import write_index
 from mmfs.megatron import open_corpus
-from mmfs.mount.contract import file_name, name_width, sample_dir
+from mmfs.mount.contract import XATTR_COUNTERS, file_name, name_width, sample_dir
 from mmfs.mount.lifecycle import temporary_mount
 from mmfs.tools.harness import read_files, read_through, run_parallel, single_threaded_libraries
 
@@ -85,14 +91,7 @@ def long_samples(config: str, n: int, options: str) -> None:
     split = corpus.splits["train"]
     size = split.sample_bytes
     ids = np.random.default_rng(5).permutation(len(split))[: 2 * n]
-    # The bytes of each piece of each sample, for the in-process pread.
-    places = {}
-    for i in ids:
-        gpt, _ = split.locate(int(i))
-        ds = gpt.source.dataset
-        item = ds.dtype.itemsize
-        places[int(i)] = (ds.bin_path, [(int(ds.sequence_pointers[s]) + o * item, n_ * item)
-                                        for s, o, n_ in split.provenance(int(i))[1]])
+    places = piece_places(split, ids)  # the bytes of each piece of each sample, for the in-process pread
 
     def pread_samples(part: np.ndarray) -> int:
         total, fds = 0, {}
@@ -180,6 +179,83 @@ def documents_and_sequences(config: str, n: int, options: str) -> None:
         print(f"  {k:15s} {n / v:9.0f} files/s   ({seconds['sample files'] / v:.2f}x samples)")
 
 
+def piece_places(split, ids) -> dict[int, tuple[str, list[tuple[int, int]]]]:
+    """Each sample's token file and (byte offset, length) of its pieces."""
+    places = {}
+    for i in ids:
+        gpt, _ = split.locate(int(i))
+        ds = gpt.source.dataset
+        item = ds.dtype.itemsize
+        places[int(i)] = (ds.bin_path, [(int(ds.sequence_pointers[s]) + o * item, n * item)
+                                        for s, o, n in split.provenance(int(i))[1]])
+    return places
+
+
+def python_reads(paths: list[str]) -> int:
+    total = 0
+    for path in paths:
+        with open(path, "rb") as f:  # buffered, as most Python code opens a file: isatty, an ioctl
+            total += len(f.read())
+    return total
+
+
+def requests(mount: str) -> dict[str, int]:
+    return json.loads(os.getxattr(mount, XATTR_COUNTERS))["requests"]
+
+
+def sample_files(config: str, n: int, options: str) -> None:
+    """Cold 8 KiB sample files, one reader: two ways of reading through the mount
+    (different files, all cold) against an in-process pread of the first way's
+    pieces; the requests per file each way cost."""
+    corpus = open_corpus(config, progress=False)
+    split = corpus.splits["train"]
+    size = split.sample_bytes
+    ids = np.random.default_rng(11).permutation(len(split))[: 2 * n]
+    by_python, by_os = ids[:n], ids[n:]
+    places = piece_places(split, by_python)
+
+    def pread_samples(part: np.ndarray) -> int:
+        total, fds = 0, {}
+        for i in part:
+            path, pieces = places[int(i)]
+            fd = fds.get(path) or fds.setdefault(path, os.open(path, os.O_RDONLY))
+            total += sum(len(os.pread(fd, length, byte)) for byte, length in pieces)
+        for fd in fds.values():
+            os.close(fd)
+        return total
+
+    with temporary_mount(config, options) as (mount, _pid):
+        folder = os.path.join(mount, "train", "samples")
+        width = len(os.listdir(folder)[0]) - 4
+        paths = lambda part: [os.path.join(folder, f"{int(i):0{width}d}.bin") for i in part]  # noqa: E731
+        spent: dict[str, dict[str, int]] = {}
+
+        def counted(name: str, fn, chunk) -> float:
+            """run_parallel(fn, [chunk]), and the requests it cost added to spent[name]."""
+            before = requests(mount)
+            took = run_parallel(fn, [chunk])
+            total = spent.setdefault(name, {})
+            for k, v in requests(mount).items():
+                total[k] = total.get(k, 0) + v - before.get(k, 0)
+            return took
+
+        read_through(corpus.placer.files())
+        seconds = dict.fromkeys(("open().read()", "os.open/os.read", "in-process pread"), 0.0)
+        for a, b in zip(np.array_split(by_python, SLICES), np.array_split(by_os, SLICES)):
+            seconds["open().read()"] += counted("open().read()", python_reads, paths(a))
+            seconds["os.open/os.read"] += counted("os.open/os.read", lambda p: read_files(p, size), paths(b))
+            seconds["in-process pread"] += run_parallel(pread_samples, [a])
+    limit = n / seconds["in-process pread"]
+    print(f"sample files of {size} bytes, cold, random, 1 reader, {n} files each (-o {options or 'defaults'}):")
+    for name, took in seconds.items():
+        rate = n / took
+        line = f"  {name:17s} {rate:9.0f} files/s  {rate / limit:5.2f}x the pread limit"
+        if name in spent:  # (less the counters' own GETXATTRs)
+            per = {k: v / n for k, v in spent[name].items() if v and k not in ("getxattr", "open")}
+            line += "; requests per file: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(per.items()))
+        print(line + ("   (target >= 0.5)" if name == "open().read()" else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", help="data folder (default: a temporary one, removed afterwards)")
@@ -193,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         long_samples(long_config, args.n, args.options)
         preads_per_piece(long_config, 6)
         documents_and_sequences(flat_config, 10 * args.n, args.options)
+        sample_files(flat_config, 10 * args.n, args.options)
     finally:
         if not args.dir:
             shutil.rmtree(folder, ignore_errors=True)

@@ -3,26 +3,30 @@ rank and by 8 ranks at once, s3fs-fuse and rclone mount given the same disk-cach
 budget, megatron-core's own S3 reader, and the ceiling of a plain client.
 
     PYTHONPATH=. python benchmarks/object_storage_node.py [--data DIR] [--gib 2.1]
-        [--budget 536870912] [--delay 0.02] [-n 25] [--n-alone 50] [--megatron-n 10]
-        [--chunk 65536] [--rounds 2] [--skip s3fs,rclone,megatron]
+        [--budget 536870912] [--delays 0.02,0.1] [-n 25] [--n-alone 50] [--megatron-n 10]
+        [--chunk 65536] [--rounds 2] [--skip s3fs,rclone,megatron] [-o MOUNT_OPTIONS] [--workers 1]
 
-The bucket (localbucket on 127.0.0.1 behind the tests' proxy, which adds `--delay`
-seconds to every request and counts requests and bytes; see
-benchmarks/object_storage.py) holds a uint16 dataset of `--gib` GiB, at least 4x
+The bucket (localbucket on 127.0.0.1 behind a proxy of its own, which adds the delay
+seconds to every request and counts requests, bytes and the GETs in flight) holds a
+uint16 dataset of `--gib` GiB, at least 4x
 `--budget`, the disk-cache budget every system is given. GPT samples of sequence
 length 4096, data_parallel_size 8, micro_batch_size 4; rank r reads its first `-n`
-micro-batches in order (a thread or process per rank, all at once).
+micro-batches in order (a thread or process per rank, all at once; for mmfs,
+`--workers` threads a rank, as a DataLoader's workers, and `-o` its mount options).
 
+For each delay of `--delays` (a store's first-byte latency: 20 ms, 100 ms):
 - mmfs: `mmfs mount` of s3://bench/big with `cache_limit` the budget; rank 000 alone
   (`--n-alone` files), then ranks 000-007 through one fresh mount. Samples/s, bytes
-  fetched at the proxy / bytes served, GETs, the daemon's CPU seconds per 1,000
-  samples and per GET, its peak RSS, when the first and the last rank finished.
-- the ceiling: the very ranges of the 8-rank run fetched again with as many threads
-  as mmfs's max_requests and twice that (mmfs's most in flight: its prefetch workers
-  and its readers' own fetches), by boto3 and by a bare HTTP client through the proxy
-  (the target's ceiling is the faster at twice), and by the bare client through the
-  proxy with no delay, straight at the server and through the tests' proxy (where
-  the proxies and the server top out).
+  fetched at the proxy / bytes served, GETs, the GETs in flight at the proxy (their
+  mean while the ranks read, and the most at once) and the mount's own limit
+  (`user.mmfs.counters`), the daemon's CPU seconds per 1,000 samples and per GET, its
+  peak RSS, when the first and the last rank finished.
+- the ceiling: the very ranges of the 8-rank run fetched again with 16 threads (mmfs's
+  old fixed number) and as many as mmfs had in flight at most, by boto3 and by a bare
+  HTTP client through the proxy (the target's ceiling is the faster with mmfs's
+  number), and by the bare client through the proxy with no delay, straight at the
+  server and through the tests' proxy (where the proxies and the server top out).
+At the first delay only (they are slow):
 - s3fs-fuse and rclone mount (benchmarks/mount_alternatives.py), 8 ranks read through
   a local mmfs mount of their mounted path, which reads as megatron-core does with
   --no-mmap-bin-files (a pread of each piece of each sample).
@@ -72,14 +76,17 @@ from s3_bench_common import (
 )
 from s3_server import CREDENTIALS, FaultProxy
 
-MAX_REQUESTS = 16  # mmfs's default; the ceilings use as many threads
+from mmfs.mount.contract import XATTR_COUNTERS
 
-# Targets of issue 26, as ratios in one run.
+FIXED_REQUESTS = 16  # mmfs's fixed number of requests in flight before issue 35; a ceiling uses as many threads
+
+# Targets of issue 26, as ratios in one run, and issue 35's samples/s for 8 ranks at each latency.
 TARGET_CPU_PER_GET_MS = 0.6
 TARGET_OVER_BEST_OTHER = 2.0
 TARGET_FETCHED_PER_SERVED = 1.2
 TARGET_RSS = 300e6
 TARGET_OVER_CEILING = 0.5
+TARGET_SAMPLES_PER_S = {0.02: 1000, 0.1: 500}
 
 
 class Counts:
@@ -103,7 +110,7 @@ class LeanProxy:
     printed). Read and set through `/__bench/` paths."""
 
     def __init__(self, server_port: int, delay: float) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--proxy", str(server_port), "--delay", str(delay)],
+        self.proc = subprocess.Popen([sys.executable, __file__, "--proxy", str(server_port), "--delays", str(delay)],
                                      stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
         self.url = f"http://127.0.0.1:{self.port}"
@@ -113,6 +120,12 @@ class LeanProxy:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         conn.request("GET", f"/__bench/{what}")
         return json.loads(conn.getresponse().read())
+
+    def in_flight(self, reset_peak: bool = False) -> tuple[int, float, float]:
+        """GETs in flight at the proxy: (the most at once since the last reset, their
+        busy seconds so far, the proxy's clock); `reset_peak` starts a new peak."""
+        counts = self._ask("peak" if reset_peak else "counts")
+        return counts["peak"], counts["busy"], time.monotonic()
 
     def counts(self) -> tuple[int, int]:
         """GETs answered so far, ranged or not (s3fs and rclone read whole objects too), and their body bytes."""
@@ -143,7 +156,17 @@ class LeanProxy:
 def serve_proxy(server_port: int, delay: float) -> None:
     import asyncio
 
-    state = {"delay": delay, "gets": 0, "get_bytes": 0, "ranges": None}
+    state = {"delay": delay, "gets": 0, "get_bytes": 0, "ranges": None, "in_flight": 0, "peak": 0,
+             "busy": 0.0, "since": time.monotonic()}
+
+    def flight(change: int) -> None:
+        """GETs in flight (from the request taken to the answer's last byte): the
+        peak, and their time integral (busy seconds over a span is the mean)."""
+        now = time.monotonic()
+        state["busy"] += state["in_flight"] * (now - state["since"])
+        state["since"] = now
+        state["in_flight"] += change
+        state["peak"] = max(state["peak"], state["in_flight"])
 
     def control(what: str) -> bytes:
         if what.startswith("delay="):
@@ -153,7 +176,10 @@ def serve_proxy(server_port: int, delay: float) -> None:
         elif what == "ranges":
             ranges, state["ranges"] = state["ranges"], None
             return json.dumps({"ranges": ranges}).encode()
-        return json.dumps({k: state[k] for k in ("delay", "gets", "get_bytes")}).encode()
+        elif what == "peak":
+            state["peak"] = state["in_flight"]  # from now on
+        flight(0)
+        return json.dumps({k: state[k] for k in ("delay", "gets", "get_bytes", "peak", "busy")}).encode()
 
     def header(head: bytes, name: bytes) -> bytes | None:
         for line in head.split(b"\r\n")[1:]:
@@ -163,7 +189,7 @@ def serve_proxy(server_port: int, delay: float) -> None:
         return None
 
     async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        upstream = None
+        upstream, counted = None, False
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -173,6 +199,9 @@ def serve_proxy(server_port: int, delay: float) -> None:
                     answer = control(path[9:].decode())
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
                     continue
+                if method == b"GET":
+                    flight(+1)
+                    counted = True
                 if state["delay"]:
                     await asyncio.sleep(state["delay"])
                 if upstream is None:
@@ -198,12 +227,17 @@ def serve_proxy(server_port: int, delay: float) -> None:
                         state["get_bytes"] += len(chunk)
                     await writer.drain()
                 await writer.drain()
+                if counted:
+                    flight(-1)
+                    counted = False
                 if (header(reply, b"connection") or b"").lower() == b"close":
                     up_writer.close()
                     upstream = None
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         finally:
+            if counted:
+                flight(-1)
             writer.close()
             if upstream:
                 upstream[1].close()
@@ -232,20 +266,29 @@ def reading(read: dict, ranks: int, counts: tuple[int, int]) -> dict:
             "served_bytes": read["served_bytes"], "fetched_per_served": counts[1] / read["served_bytes"]}
 
 
-def run_mmfs(work: Path, proxy: LeanProxy, env: dict, ranks: int, n: int, budget: int) -> dict:
-    """A fresh mount (empty range cache of `budget` bytes); ranks 0..ranks-1 read at once."""
+def run_mmfs(work: Path, proxy: LeanProxy, env: dict, ranks: int, n: int, budget: int, options: str = "",
+             workers: int = 1) -> dict:
+    """A fresh mount (empty range cache of `budget` bytes, `-o options`); ranks 0..ranks-1
+    read at once, `workers` threads a rank."""
     work.mkdir(parents=True)
     config = write_config(work / "s3.yaml", f"s3://{BUCKET}/{KEY}", work / "indices",
                           {"endpoint_url": proxy.url, "cache_dir": str(work / "storage"), "cache_limit": budget,
                            "prefetch": min(64 << 20, budget // 2)})  # the default, or all a small budget allows
-    with mmfs_mount(config, work / "mnt", env) as (pid, _, mounted):
+    mnt = work / "mnt"
+    with mmfs_mount(config, mnt, env, options=options) as (pid, _, mounted):
         proxy.ranges = []
         counts, cpu0 = Counts(proxy), tree_cpu_seconds(pid)
-        read = alt.read_ranks(rank_dirs(work / "mnt", ranks), n)
+        _, busy0, t0 = proxy.in_flight(reset_peak=True)
+        read = alt.read_ranks(rank_dirs(work / "mnt", ranks), n, workers=workers)
+        peak, busy1, t1 = proxy.in_flight()
+        counters = json.loads(os.getxattr(mnt, XATTR_COUNTERS))
+        gate = (counters.get("storage") or [{}])[0]
         time.sleep(1)  # the prefetcher's requests in flight land in the counts
         cpu = tree_cpu_seconds(pid) - cpu0
         result = reading(read, ranks, counts.now())
-        result.update(mount_s=mounted, cpu_s=cpu, rss_peak=rss_peak(pid),
+        result.update(mount_s=mounted, cpu_s=cpu, rss_peak=rss_peak(pid), in_flight_peak=peak,
+                      in_flight_mean=(busy1 - busy0) / (t1 - t0), limit=gate.get("limit"), cuts=gate.get("cuts"),
+                      latency_ms=gate.get("latency_ms"), reads_at_once=counters["reads_at_once"],
                       cache_bytes=disk_bytes(work / "storage"), ranges=proxy.ranges,
                       firsts=first_files(work / "mnt", ranks))
         proxy.ranges = None
@@ -300,41 +343,42 @@ def run_plain(listing: Path, port: int, threads: int) -> float:
 
 
 def run_ceilings(work: Path, proxy: LeanProxy, server_port: int, m8: dict) -> dict:
-    """The 8-rank run's ranges again, each client in its own process: MAX_REQUESTS at
-    once, and twice that (mmfs's prefetch workers and its readers' own fetches each run
-    up to max_requests, so it may have that many in flight)."""
+    """The 8-rank run's ranges again, each client in its own process: FIXED_REQUESTS at
+    once, and as many as mmfs had in flight at most (`wide`)."""
     listing = work / "ranges.json"
     listing.write_text(json.dumps(m8["ranges"]))
-    seconds = {"boto3": store.run_ceiling(proxy, m8["ranges"], MAX_REQUESTS, work),
-               "boto3_2x": store.run_ceiling(proxy, m8["ranges"], 2 * MAX_REQUESTS, work),
-               "plain": run_plain(listing, proxy.port, MAX_REQUESTS),
-               "plain_2x": run_plain(listing, proxy.port, 2 * MAX_REQUESTS),
-               "server": run_plain(listing, server_port, MAX_REQUESTS)}
+    wide = max(FIXED_REQUESTS, m8["in_flight_peak"])
+    seconds = {"boto3": store.run_ceiling(proxy, m8["ranges"], FIXED_REQUESTS, work),
+               "boto3_wide": store.run_ceiling(proxy, m8["ranges"], wide, work),
+               "plain": run_plain(listing, proxy.port, FIXED_REQUESTS),
+               "plain_wide": run_plain(listing, proxy.port, wide),
+               "server": run_plain(listing, server_port, FIXED_REQUESTS)}
     delay, proxy.delay = proxy.delay, 0.0
     try:
-        seconds["plain_no_delay"] = run_plain(listing, proxy.port, MAX_REQUESTS)
+        seconds["plain_no_delay"] = run_plain(listing, proxy.port, FIXED_REQUESTS)
     finally:
         proxy.delay = delay
     tests_proxy = FaultProxy(server_port)  # tests/s3_server.py's, in this process, no delay
     try:
-        seconds["tests_proxy"] = run_plain(listing, tests_proxy.port, MAX_REQUESTS)
+        seconds["tests_proxy"] = run_plain(listing, tests_proxy.port, FIXED_REQUESTS)
     finally:
         tests_proxy.close()
-    return {"requests": len(m8["ranges"]), "samples_per_s": {k: m8["samples"] / v for k, v in seconds.items()}}
+    return {"requests": len(m8["ranges"]), "wide": wide,
+            "samples_per_s": {k: m8["samples"] / v for k, v in seconds.items()}}
 
 
 def ceiling_line(c: dict) -> str:
-    rate = c["samples_per_s"]
-    return (f"ceiling, the same {c['requests']:,} ranges {MAX_REQUESTS} (and {2 * MAX_REQUESTS}) at once through the "
-            f"proxy: boto3 {rate['boto3']:,.0f} ({rate['boto3_2x']:,.0f}) samples/s, a bare HTTP client "
-            f"{rate['plain']:,.0f} ({rate['plain_2x']:,.0f}); the bare client {MAX_REQUESTS} at once with no delay "
-            f"{rate['plain_no_delay']:,.0f}, straight at the server {rate['server']:,.0f}, through the tests' "
+    rate, wide = c["samples_per_s"], c["wide"]
+    return (f"ceiling, the same {c['requests']:,} ranges {FIXED_REQUESTS} (and {wide}) at once through the "
+            f"proxy: boto3 {rate['boto3']:,.0f} ({rate['boto3_wide']:,.0f}) samples/s, a bare HTTP client "
+            f"{rate['plain']:,.0f} ({rate['plain_wide']:,.0f}); the bare client {FIXED_REQUESTS} at once with no "
+            f"delay {rate['plain_no_delay']:,.0f}, straight at the server {rate['server']:,.0f}, through the tests' "
             f"FaultProxy with no delay {rate['tests_proxy']:,.0f}")
 
 
 def best_ceiling(c: dict) -> tuple[str, float]:
-    """The faster plain client at mmfs's most requests in flight (2 x max_requests)."""
-    return max((("boto3", c["samples_per_s"]["boto3_2x"]), ("bare HTTP", c["samples_per_s"]["plain_2x"])),
+    """The faster plain client with as many requests at once as mmfs had at most."""
+    return max((("boto3", c["samples_per_s"]["boto3_wide"]), ("bare HTTP", c["samples_per_s"]["plain_wide"])),
                key=lambda kv: kv[1])
 
 
@@ -411,6 +455,10 @@ def show(name: str, r: dict) -> None:
             f"ranks done {r['first_done']:.1f}-{r['last_done']:.1f} s); {r['gets']:,} GETs, "
             f"{r['fetched_bytes'] / 1e6:,.1f} MB fetched for {r['served_bytes'] / 1e6:,.1f} MB served: "
             f"{r['fetched_per_served']:,.2f}")
+    if "in_flight_peak" in r:
+        line += (f"; GETs in flight at the proxy: {r['in_flight_mean']:.1f} on average, {r['in_flight_peak']} at most "
+                 f"(the mount's limit {r['limit']}, cut {r['cuts']} times, latency {r['latency_ms']} ms; "
+                 f"{r['reads_at_once']} READs in the daemon at most)")
     if "cpu_per_get_ms" in r:
         line += (f"; daemon CPU {r['cpu_s']:.1f} s: {r['cpu_per_1000_samples']:.2f} s per 1,000 samples, "
                  f"{r['cpu_per_get_ms']:.2f} ms per GET; peak RSS {r['rss_peak'] / 1e6:.0f} MB; "
@@ -426,33 +474,41 @@ def check_same(name: str, got: list[bytes], want: list[bytes]) -> None:
             raise SystemExit(f"{name}: rank {r}'s first micro-batch differs from mmfs's")
 
 
-def summary(best: dict, ceiling: dict) -> None:
+def summary(best: dict, ceilings: dict[float, dict]) -> None:
     print("\nbest round of each system:")
     for name, r in best.items():
         show(f"  {name}", r)
-    m8 = best["mmfs, 8 ranks"]
-    others = {k: r for k, r in best.items() if not k.startswith("mmfs") and r["ranks"] == DP}
-    print(f"  {ceiling_line(ceiling)}")
-    print("\ntargets (issue 26), 8 ranks through one mount:")
+    for delay, ceiling in ceilings.items():
+        print(f"  {ms(delay)}: {ceiling_line(ceiling)}")
 
     def target(what: str, value: float, goal: float, at_most: bool) -> None:
         met = value <= goal if at_most else value >= goal
         print(f"  {what}: {value:,.2f} ({'at most' if at_most else 'at least'} {goal:g}): "
               f"{'met' if met else 'NOT met'}")
 
-    target("daemon CPU per GET, ms", m8["cpu_per_get_ms"], TARGET_CPU_PER_GET_MS, True)
-    if others:
-        name, r = max(others.items(), key=lambda kv: kv[1]["samples_per_s"])
-        target(f"samples/s over the best other system ({name})", m8["samples_per_s"] / r["samples_per_s"],
-               TARGET_OVER_BEST_OTHER, False)
-    target("fetched / served", m8["fetched_per_served"], TARGET_FETCHED_PER_SERVED, True)
-    target("daemon peak RSS, MB", m8["rss_peak"] / 1e6, TARGET_RSS / 1e6, True)
-    name, ceiling_rate = best_ceiling(ceiling)
-    target(f"samples/s over the ceiling ({name}, {2 * MAX_REQUESTS} at once)", m8["samples_per_s"] / ceiling_rate,
-           TARGET_OVER_CEILING, False)
-    spread = (m8["last_done"] - m8["first_done"]) / m8["last_done"]
-    print(f"  first and last rank finished {m8['last_done'] - m8['first_done']:.1f} s apart "
-          f"({100 * spread:.0f} % of the run)")
+    for delay, ceiling in ceilings.items():
+        m8 = best[f"mmfs, 8 ranks, {ms(delay)}"]
+        others = {k: r for k, r in best.items() if not k.startswith("mmfs") and r["ranks"] == DP}
+        print(f"\ntargets (issues 26 and 35), 8 ranks through one mount, {ms(delay)} a request:")
+        if delay in TARGET_SAMPLES_PER_S:
+            target("samples/s", m8["samples_per_s"], TARGET_SAMPLES_PER_S[delay], False)
+        target("daemon CPU per GET, ms", m8["cpu_per_get_ms"], TARGET_CPU_PER_GET_MS, True)
+        if others and delay == next(iter(ceilings)):
+            name, r = max(others.items(), key=lambda kv: kv[1]["samples_per_s"])
+            target(f"samples/s over the best other system ({name})", m8["samples_per_s"] / r["samples_per_s"],
+                   TARGET_OVER_BEST_OTHER, False)
+        target("fetched / served", m8["fetched_per_served"], TARGET_FETCHED_PER_SERVED, True)
+        target("daemon peak RSS, MB", m8["rss_peak"] / 1e6, TARGET_RSS / 1e6, True)
+        name, ceiling_rate = best_ceiling(ceiling)
+        target(f"samples/s over the ceiling ({name}, {ceiling['wide']} at once)", m8["samples_per_s"] / ceiling_rate,
+               TARGET_OVER_CEILING, False)
+        spread = (m8["last_done"] - m8["first_done"]) / m8["last_done"]
+        print(f"  first and last rank finished {m8['last_done'] - m8['first_done']:.1f} s apart "
+              f"({100 * spread:.0f} % of the run)")
+
+
+def ms(delay: float) -> str:
+    return f"{1000 * delay:g} ms"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -460,12 +516,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "mmfs-s3-node-bench"))
     parser.add_argument("--gib", type=float, default=2.1)
     parser.add_argument("--budget", type=int, default=512 << 20, help="disk-cache bytes of every system")
-    parser.add_argument("--delay", type=float, default=0.02)
+    parser.add_argument("--delays", default="0.02,0.1", help="seconds the proxy adds to every request, one case each")
     parser.add_argument("-n", type=int, default=25, help="micro-batch files each of 8 ranks reads")
     parser.add_argument("--n-alone", type=int, default=50, help="micro-batch files rank 0 reads alone")
     parser.add_argument("--megatron-n", type=int, default=10, help="micro-batches each megatron-core rank reads")
     parser.add_argument("--chunk", type=int, default=64 << 10, help="megatron-core's bin_chunk_nbytes")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("-o", dest="options", default="", help="mmfs's mount options (as for mmfs mount -o)")
+    parser.add_argument("--workers", type=int, default=1, help="reader threads a rank (a DataLoader's workers)")
     parser.add_argument("--max-seconds", type=float, default=60,
                         help="s3fs's and rclone's ranks start no file after this (s3fs re-downloads under a budget)")
     parser.add_argument("--skip", default="", help="comma-separated: s3fs, rclone, megatron")
@@ -481,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         print(replay_plain(json.loads(Path(args.plain).read_text()), args.port, args.threads))
         return 0
     if args.proxy:
-        serve_proxy(args.proxy, args.delay)
+        serve_proxy(args.proxy, float(args.delays))
         return 0
     if args.megatron_rank is not None:
         args.rank = args.megatron_rank
@@ -502,42 +560,50 @@ def main(argv: list[str] | None = None) -> int:
     if bin_size < 4 * args.budget:
         print(f"note: the dataset is {bin_size / args.budget:.1f}x the budget (the issue asks at least 4x)")
     env = mmfs_env()
+    delays = [float(d) for d in args.delays.split(",")]
     print(f"dataset s3://{BUCKET}/{KEY}: {bin_size / (1 << 30):.2f} GiB uint16, sequence length {SEQ}, dp {DP}, "
           f"mbs {MBS}; disk-cache budget {args.budget / (1 << 20):.0f} MiB ({bin_size / args.budget:.1f}x under "
-          f"the dataset); {args.delay * 1000:.0f} ms added per request; {args.rounds} round(s)", flush=True)
+          f"the dataset); {', '.join(ms(d) for d in delays)} added per request; {args.rounds} round(s)", flush=True)
     best: dict[str, dict] = {}
-    ceilings: list[dict] = []
+    ceilings: dict[float, list[dict]] = {d: [] for d in delays}
     with localbucket(root) as port, tempfile.TemporaryDirectory(prefix="mmfs-node-bench-") as tmp:
-        proxy = LeanProxy(port, args.delay)
-        env["AWS_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL"] = proxy.url
-        s3_client(proxy.url).head_object(Bucket=BUCKET, Key=f"{KEY}.bin")  # localbucket hashes it once
+        proxy = LeanProxy(port, delays[0])
+        try:
+            env["AWS_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL"] = proxy.url
+            s3_client(proxy.url).head_object(Bucket=BUCKET, Key=f"{KEY}.bin")  # localbucket hashes it once
 
-        def keep(name: str, r: dict) -> None:
-            show(name, r)
-            if name not in best or r["samples_per_s"] > best[name]["samples_per_s"]:
-                best[name] = r
+            def keep(name: str, r: dict) -> None:
+                show(name, r)
+                if name not in best or r["samples_per_s"] > best[name]["samples_per_s"]:
+                    best[name] = r
 
-        for i in range(args.rounds):
-            work = Path(tmp) / f"round-{i}"
-            print(f"round {i + 1}:", flush=True)
-            keep("mmfs, rank 0 alone", run_mmfs(work / "mmfs-1", proxy, env, 1, args.n_alone, args.budget))
-            m8 = run_mmfs(work / "mmfs-8", proxy, env, DP, args.n, args.budget)
-            keep("mmfs, 8 ranks", m8)
-            ceilings.append(c := run_ceilings(work, proxy, port, m8))
-            print(ceiling_line(c), flush=True)
-            for kind in ("s3fs", "rclone"):
-                if kind not in skip:
-                    r = run_mounted(kind, work / kind, proxy, env, args.n, args.budget, args.max_seconds)
-                    check_same(kind, r["firsts"], m8["firsts"])
-                    keep(f"{kind}, 8 ranks", r)
-            if "megatron" not in skip:
-                for ranks in (1, DP):
-                    keep(f"megatron-core S3 reader, {'rank 0 alone' if ranks == 1 else '8 ranks'}",
-                         run_megatron(work / f"megatron-{ranks}", proxy, work / "mmfs-8" / "s3.yaml", ranks,
-                                      args.megatron_n, args.chunk, m8["firsts"], Path(tmp) / "megatron"))
-        proxy.close()
-    ceiling = max(ceilings, key=lambda c: best_ceiling(c)[1])
-    summary(best, ceiling)
+            for i in range(args.rounds):
+                print(f"round {i + 1}:", flush=True)
+                for delay in delays:
+                    work = Path(tmp) / f"round-{i}-{ms(delay).replace(' ', '')}"
+                    proxy.delay = delay
+                    mount = {"options": args.options, "workers": args.workers}
+                    keep(f"mmfs, rank 0 alone, {ms(delay)}",
+                         run_mmfs(work / "mmfs-1", proxy, env, 1, args.n_alone, args.budget, **mount))
+                    m8 = run_mmfs(work / "mmfs-8", proxy, env, DP, args.n, args.budget, **mount)
+                    keep(f"mmfs, 8 ranks, {ms(delay)}", m8)
+                    ceilings[delay].append(c := run_ceilings(work, proxy, port, m8))
+                    print(f"{ms(delay)}: {ceiling_line(c)}", flush=True)
+                    if delay != delays[0]:
+                        continue
+                    for kind in ("s3fs", "rclone"):
+                        if kind not in skip:
+                            r = run_mounted(kind, work / kind, proxy, env, args.n, args.budget, args.max_seconds)
+                            check_same(kind, r["firsts"], m8["firsts"])
+                            keep(f"{kind}, 8 ranks", r)
+                    if "megatron" not in skip:
+                        for ranks in (1, DP):
+                            keep(f"megatron-core S3 reader, {'rank 0 alone' if ranks == 1 else '8 ranks'}",
+                                 run_megatron(work / f"megatron-{ranks}", proxy, work / "mmfs-8" / "s3.yaml", ranks,
+                                              args.megatron_n, args.chunk, m8["firsts"], Path(tmp) / "megatron"))
+        finally:
+            proxy.close()
+    summary(best, {d: max(c, key=lambda c: best_ceiling(c)[1]) for d, c in ceilings.items()})
     return 0
 
 

@@ -113,14 +113,16 @@ def mmfs_cli(*args: str, env: dict, tree: Path = ROOT) -> subprocess.CompletedPr
 
 
 @contextlib.contextmanager
-def mmfs_mount(config: Path, mnt: Path, env: dict, tree: Path = ROOT):
-    """Build and mount with the mmfs of `tree`; yields (daemon pid, seconds to build, seconds to mount)."""
+def mmfs_mount(config: Path, mnt: Path, env: dict, tree: Path = ROOT, options: str = ""):
+    """Build and mount (with `-o options`) with the mmfs of `tree`; yields (daemon pid,
+    seconds to build, seconds to mount)."""
     t0 = time.perf_counter()
     mmfs_cli("build", config, env=env, tree=tree)
     built = time.perf_counter() - t0
     mnt.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    out = mmfs_cli("mount", config, mnt, "--log", mnt.parent / f"{mnt.name}.log", env=env, tree=tree).stdout
+    extra = ("-o", options) if options else ()
+    out = mmfs_cli("mount", config, mnt, "--log", mnt.parent / f"{mnt.name}.log", *extra, env=env, tree=tree).stdout
     mounted = time.perf_counter() - t0
     pid = int(re.search(r"daemon pid (\d+)", out).group(1))
     try:
