@@ -190,8 +190,9 @@ class Endpoint:
             raise OSError(message or f"libcurl error {code}") from None
         finally:
             self.opened += c.getinfo(pycurl.NUM_CONNECTS)
-            # from the request sent to the answer's first byte: the store's latency
-            self._local.first_byte = max(0.0, c.getinfo(pycurl.STARTTRANSFER_TIME) - c.getinfo(pycurl.PRETRANSFER_TIME))
+            # from the transfer's start to the answer's first byte (on a kept connection:
+            # the request sent, the store's answer): the store's latency
+            self._local.first_byte = c.getinfo(pycurl.STARTTRANSFER_TIME)
         if not answer.status:
             answer.head()  # an answer without a body
         if answer.other:
@@ -207,7 +208,7 @@ class Endpoint:
         return 206, ""
 
     def first_byte(self) -> float:
-        """Seconds from this thread's last request sent to its answer's first byte."""
+        """Seconds from this thread's last transfer's start to its answer's first byte."""
         return getattr(self._local, "first_byte", 0.0)
 
 

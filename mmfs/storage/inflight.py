@@ -14,10 +14,11 @@ increase, multiplicative decrease):
 - Demand: while attempts wait for a slot, every answered one raises the limit by
   one (it doubles in a round trip) up to the cap; once the store has asked for
   fewer, by one per round trip (`limit` answers).
-- Latency: the seconds to the first byte of each answer, their running average
-  against the least of the recent ones (the store's own latency). While the average
-  is more than SLOWER times the least (plus SLACK), the store queues what it gets:
-  the limit does not grow, and it shrinks by one per round trip.
+- Latency: the seconds to the first byte of each answer, as a running average, against
+  the least that average was in the last 15-30 s (the store's own latency, one odd
+  answer smoothed out). While the average is more than SLOWER times the least (plus
+  SLACK), the store queues what it gets: the limit does not grow, and it shrinks by one
+  per round trip, not below QUEUEING_FLOOR.
 - Throttling: an answer that asks for fewer requests (503 SlowDown, 429) or an
   attempt that ran out of time halves the limit (not below 1), once per round trip:
   an attempt started before the last cut does not cut again.
@@ -37,7 +38,8 @@ START = 16  # slots at first (the cap may be lower)
 SLOWER = 2.0  # the store queues when its latency is more than this times its best ...
 SLACK = 0.010  # ... plus this many seconds (jitter of a fast store)
 SMOOTHING = 0.1  # weight of each answer in the running latency
-WINDOW = 256  # answers a best latency is kept for (the least of the last two windows)
+QUEUEING_FLOOR = 4  # the least the latency alone shrinks the limit to (a throttling store: 1)
+BEST_SECONDS = 15.0  # a best latency is kept 15-30 s (the least of this span's answers and the last's)
 
 _held = threading.local()  # depth of the slots this thread holds (a nested one takes none)
 
@@ -53,9 +55,8 @@ class Gate:
         self._waiting: tuple[deque, deque] = (deque(), deque())  # readers' attempts, then the prefetch's
         self._grow_until = self.cap  # slow start until the store first asks for fewer
         self._round = 0  # answers since the limit last moved by a round trip's step
-        self._best = (math.inf, math.inf)  # least latency of the last window, of this one
-        self._in_window = 0
-        self._started = time.monotonic()
+        self._best = (math.inf, math.inf)  # least latency of the last span, of this one
+        self._started = self._span = time.monotonic()
         self.cuts = 0  # times the limit was halved (an attempt notes it when it starts)
         self.in_flight = 0
         self.peak = 0  # the most slots taken at once
@@ -125,9 +126,8 @@ class Gate:
             if step:
                 self._round = 0
             if self.queueing():
-                if step and self.limit > 1:
+                if step and self.limit > QUEUEING_FLOOR:
                     self.limit -= 1
-                    self._grow_until = min(self._grow_until, self.limit)
             elif self._waiting[0] or self._waiting[1]:  # the readers want more than the limit gives
                 if self.limit < self._grow_until or step:
                     self.limit = min(self.cap, self.limit + 1)
@@ -145,13 +145,12 @@ class Gate:
                 self._round = 0
 
     def _note_latency(self, seconds: float) -> None:
-        last, this = self._best
-        this = min(this, seconds)
-        self._in_window += 1
-        if self._in_window >= WINDOW:
-            last, this, self._in_window = this, math.inf, 0
-        self._best = (last, this)
         self.latency = seconds if self.latency is None else self.latency + SMOOTHING * (seconds - self.latency)
+        last, this = self._best
+        now = time.monotonic()
+        if now - self._span >= BEST_SECONDS:  # a new span: a path that got slower for good is the new best
+            last, this, self._span = this, math.inf, now
+        self._best = (last, min(this, self.latency))
 
     @property
     def best(self) -> float | None:
