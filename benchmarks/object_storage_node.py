@@ -160,8 +160,9 @@ def serve_proxy(server_port: int, delay: float) -> None:
              "busy": 0.0, "since": time.monotonic()}
 
     def flight(change: int) -> None:
-        """GETs in flight (from the request taken to the answer's last byte): the
-        peak, and their time integral (busy seconds over a span is the mean)."""
+        """GETs in flight (from the request taken to the store's answer, as the tests'
+        FaultProxy counts: never more than the client has sent): the peak, and their
+        time integral (busy seconds over a span is the mean)."""
         now = time.monotonic()
         state["busy"] += state["in_flight"] * (now - state["since"])
         state["since"] = now
@@ -209,6 +210,9 @@ def serve_proxy(server_port: int, delay: float) -> None:
                 up_reader, up_writer = upstream
                 up_writer.write(head + body)
                 reply = await up_reader.readuntil(b"\r\n\r\n")
+                if counted:
+                    flight(-1)
+                    counted = False
                 writer.write(reply)
                 status = int(reply.split(b" ", 2)[1])
                 left = 0 if method == b"HEAD" or status in (204, 304) else int(header(reply, b"content-length") or 0)
@@ -227,9 +231,6 @@ def serve_proxy(server_port: int, delay: float) -> None:
                         state["get_bytes"] += len(chunk)
                     await writer.drain()
                 await writer.drain()
-                if counted:
-                    flight(-1)
-                    counted = False
                 if (header(reply, b"connection") or b"").lower() == b"close":
                     up_writer.close()
                     upstream = None

@@ -41,6 +41,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -65,6 +66,8 @@ class _Window:
     next: int = -1  # the next file to fetch (none yet: a first read starts the window as a jump does)
     ahead: int = 0  # bytes scheduled in (reading, next)
     target: int = 0  # bytes to keep ahead: doubled whenever the reader outruns the window
+    at: float = 0.0  # when the reader started its last file
+    slowness: float = 0.0  # seconds it takes a byte: a running average over its files (0: none yet)
 
 
 class _File:
@@ -79,6 +82,7 @@ class _File:
 
 
 FindView = Callable[[str], "tuple[Any, Any] | None"]  # a view's path -> (registry, view)
+PACE_WEIGHT = 0.1  # of each file in a reader's running pace
 
 
 class Prefetcher:
@@ -131,7 +135,7 @@ class Prefetcher:
         if found is None:
             return
         if self.prefetch > 0:
-            self._events.put(("read", key, file, found))
+            self._events.put(("read", key, file, (found, time.monotonic())))
         if (key, file) in self._done:
             return
         try:
@@ -152,13 +156,14 @@ class Prefetcher:
             kind, key, file, found = event
             try:
                 if kind == "read":
-                    self._advance(key, found, file)
+                    self._advance(key, found[0], file, found[1])
                 elif kind == "fetched" and (key, file) in self._sizes:  # (else "failed" or "skipped")
                     self._done.add((key, file))
             except Exception:  # never let the planner die: the mount still serves
                 log.exception("prefetch planning failed")
 
-    def _advance(self, key: str, found: tuple[Any, Any], file: int) -> None:
+    def _advance(self, key: str, found: tuple[Any, Any], file: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
         w = self._windows.get(key)
         if w is None or w.view is not found[1]:  # (a stream layout made again: the same files)
             w = self._windows[key] = _Window(*found)
@@ -171,13 +176,17 @@ class Prefetcher:
             self._sizes = {k: v for k, v in self._sizes.items() if k[0] != key}
             self._done = {k for k in self._done if k[0] != key}
         else:  # the reader moved on: what it passed no longer counts ahead
-            if (key, file) not in self._done and self._running[key] < self._share():
-                w.target = 2 * w.target  # it caught up with a window that was not the limit
+            passed = 0
             for j in range(w.reading + 1, file + 1):
+                passed += registry.size(view, j - 1)  # (the files read since the last one started)
                 w.ahead -= self._sizes.pop((key, j), 0)
                 self._done.discard((key, j))
+            if passed:  # (per byte, not bytes a second: a burst of cached files weighs what it took)
+                w.slowness += PACE_WEIGHT * ((now - w.at) / passed - w.slowness)
+            if (key, file) not in self._done and self._running[key] < self._share() and self._short(w):
+                w.target = 2 * w.target  # it caught up with a window that was not the limit
             w.next = max(w.next, file + 1)
-        w.reading = file
+        w.reading, w.at = file, now
         w.target = min(max(w.target, 1), self.prefetch)
         ahead = sum(x.ahead for x in self._windows.values())
         share = self.budget // max(1, sum(x.ahead > 0 or x is w for x in self._windows.values()))
@@ -194,6 +203,14 @@ class Prefetcher:
                 self._running[key] += len(pieces)
             for piece in pieces:  # each its own request: the file is there in one round trip
                 self.queue.put(key, size if piece is None else piece[2], (w, j, piece, state))
+
+    def _short(self, w: _Window) -> bool:
+        """Whether the window holds less than twice what its reader reads while a
+        request is answered (Little's law, at the reader's pace and the store's
+        latency): wider, it would only fetch further ahead of a reader that waits
+        for something else. True while either is not measured yet."""
+        latency = self.slots.latency
+        return not latency or not w.slowness or w.target * w.slowness < 2 * latency
 
     def _share(self) -> int:
         """A view's fair part of the request slots: the limit over the views fetching."""
