@@ -79,7 +79,8 @@ def test_the_limit_grows_with_the_readers_demand_up_to_the_cap_and_backs_off_on_
     proxy.reset_peak()
     fetch_pieces(obj, pieces(5 * READERS, READERS))
     after = proxy.peak_in_flight
-    assert after <= slots.limit < grown  # the store gets fewer at once than before it asked for fewer
+    assert after < grown  # the store gets fewer at once than before it asked for fewer
+    assert slots.limit < CAP and slots.peak <= CAP
 
 
 def test_a_store_that_queues_gets_fewer_requests_and_more_again_once_it_answers_as_fast():

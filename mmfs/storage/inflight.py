@@ -5,8 +5,8 @@ Every attempt at a range (remote.py) takes a slot of this process's `Gate` for t
 settings; at most `limit` slots are taken at once. An attempt that finds none free
 waits for one: a reader's own request before the prefetch's (the prefetcher takes
 its workers' slots with `background=True`), each kind in the order it came. A
-thread that holds a slot already (a prefetch worker fetching its file's pieces)
-takes no second one.
+thread that holds a slot already (a prefetch worker, whose fetch of its piece
+takes a slot again) takes no second one.
 
 The limit follows what it sees, as TCP's congestion window does (additive
 increase, multiplicative decrease):
