@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from mmfs.storage.base import NotThere, StorageError
+from mmfs.storage.localfiles import map_file
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
@@ -119,10 +120,11 @@ class FileSource:
             os.close(fd)
 
     def map(self) -> np.ndarray:
-        """The whole file as a read-only uint8 array (a map; empty files: an empty array)."""
+        """The whole file as a read-only uint8 array (a map that holds no descriptor;
+        empty files: an empty array)."""
         if not self.size:
             return np.zeros(0, np.uint8)
-        return np.memmap(self.path, dtype=np.uint8, mode="r")
+        return map_file(self.path)
 
 
 def read_fd_into(fd: int, offset: int, view: memoryview) -> int:

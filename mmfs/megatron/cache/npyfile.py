@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmfs.errors import FormatError
+from mmfs.storage.localfiles import map_region
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +92,7 @@ class CachedArray:
     def map(self) -> np.ndarray:
         if self.known_from is not None:
             return self.vouched().map()
-        if math.prod(self.shape) == 0:
-            return np.zeros(self.shape, self.dtype)
-        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset,
-                         shape=self.shape)
+        return map_region(self.path, self.offset, self.dtype, self.shape)
 
     def read_item(self, flat_index: int) -> int:
         """One element (C order) read with pread, without mapping the file."""
