@@ -149,7 +149,7 @@ class ArrayPlacer:
         them: a region of a local file (unmapped), memory, or a fetched array."""
         dtype = np.dtype(dtype)
         if isinstance(source, FileSource):
-            return CachedArray(source.path, dtype, (count,), offset, file=source.identity)
+            return CachedArray(source.path, dtype, (count,), offset, file=source.file_identity)
         if isinstance(source, MemorySource):
             raw = source.map()[offset : offset + count * dtype.itemsize]
             return raw.view(dtype)

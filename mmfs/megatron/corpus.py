@@ -22,6 +22,7 @@ from mmfs.megatron.phases.build import PhasedBuilder as Builder
 from mmfs.megatron.reader import SplitReader, TokenSource
 from mmfs.megatron.tokenized import ensure_tokenized
 from mmfs.storage import scheme_of
+from mmfs.storage.localfiles import DEFAULT_OPEN_FILES, fit_open_files
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,12 @@ class Corpus:
     @property
     def remote(self) -> bool:
         """Whether some dataset is read from object storage (not a local file)."""
-        return any(scheme_of(d.path) is not None for d in self.datasets)
+        return self.remote_files > 0
+
+    @cached_property
+    def remote_files(self) -> int:
+        """Datasets read from object storage (a reader keeps a cache file of each open)."""
+        return sum(scheme_of(file) is not None for file in self._by_file)
 
     @cached_property
     def placer(self) -> ArrayPlacer:
@@ -209,11 +215,15 @@ def index_bytes_in_memory(corpus: Corpus) -> int:
     return total
 
 
-def open_corpus_for_serving(config_path: str, progress: bool = True, map_limit_mb: int = 64) -> Corpus:
+def open_corpus_for_serving(config_path: str, progress: bool = True, map_limit_mb: int = 64,
+                            open_files: int = DEFAULT_OPEN_FILES) -> Corpus:
     """open_corpus for a long-running reader (the mount daemon): indices just
     built, and so held in memory, are re-opened from the cache, so that the
-    reader's resident memory does not hold them."""
+    reader's resident memory does not hold them. At most `open_files` dataset and
+    index files are kept open (localfiles.py); the open-file limit is raised for
+    them, and for the cache file of each dataset in object storage, where needed."""
     corpus = open_corpus(config_path, progress=progress, map_limit_mb=map_limit_mb)
+    fit_open_files(corpus.remote_files, open_files, f"the mount of {config_path}")
     if index_bytes_in_memory(corpus) <= REOPEN_ABOVE:
         return corpus
     log.info("re-opening the indices from the cache")

@@ -83,7 +83,8 @@ class FileSource:
         st = os.stat(path)
         self.url = self.path = path
         self.size = st.st_size
-        self.identity = (st.st_size, st.st_mtime_ns, st.st_ino)
+        # the file's own (size, mtime_ns, inode); `identity` is the source's (an object's copy: the object's)
+        self.file_identity = self.identity = (st.st_size, st.st_mtime_ns, st.st_ino)
         self._local = threading.local()
 
     @contextmanager

@@ -5,17 +5,25 @@ files; a process holds a few hundred descriptors whatever their number."""
 
 from __future__ import annotations
 
+import logging
 import os
+import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
 
+from mmfs.errors import MmfsError
 from mmfs.native import ffi, file_path, lib
+
+log = logging.getLogger(__name__)
 
 # Descriptors the table keeps open at most (idle ones are closed beyond it).
 DEFAULT_OPEN_FILES = 256
+# Descriptors a mount daemon uses besides the table's: /dev/fuse, its log, the
+# standard streams, connections to a store, a lock or two.
+RESERVE = 32
 
 
 class FileMap:
@@ -143,3 +151,35 @@ def counts() -> Counts:
     c = ffi.new("mmfs_files_counts *")
     lib.mmfs_files_counts_get(c)
     return Counts(c.known, c.open, c.limit, c.opened, c.closed, c.changed)
+
+
+def limits() -> tuple[int, int]:
+    """(soft, hard) limits on this process's open files (`ulimit -n`, `ulimit -Hn`)."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def fit_open_files(others: int, wanted: int = DEFAULT_OPEN_FILES, what: str = "this mount") -> int:
+    """Make room for the table's `wanted` descriptors beside `others` that stay
+    open (RESERVE more): raise the soft limit toward the hard one when it is lower,
+    saying so once, and lower the table's cap where even the hard limit is short.
+    Returns the cap set; MmfsError, one line, when not even a small cap fits."""
+    soft, hard = limits()
+    room = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    needed = others + RESERVE + wanted
+    if needed > soft and room > soft:
+        raised = min(room, max(needed, 2 * soft))
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            log.info("raised the open-file limit (`ulimit -n`) from %d to %d: %s keeps up to %d files "
+                     "open", soft, raised, what, needed)
+            soft = raised
+        except (OSError, ValueError) as exc:
+            log.debug("open-file limit not raised: %s", exc)
+    cap = min(wanted, soft - others - RESERVE)
+    if cap < 8:
+        held = f" ({others} of them for datasets in object storage)" if others else ""
+        raise MmfsError(f"{what} needs about {needed} open files{held}, but `ulimit -n` allows {soft} "
+                        f"(hard limit {hard}); raise it, e.g. `ulimit -n {needed}`, and run again")
+    set_limit(cap)
+    return cap
+
