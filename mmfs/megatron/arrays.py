@@ -235,7 +235,7 @@ class ArrayPlacer:
             if not within:
                 self._pread_files.add(file)
             if isinstance(array, CachedArray) and array.known_from is not None:
-                array.vouched(_head(file, path))  # the first page: read anyway, soon
+                array.vouched(_head(file, array))  # the first page: read anyway, soon
             for c2 in by_region[region]:
                 c2.data, c2.file, c2.offset = ffi.NULL, file, offset
 
@@ -287,10 +287,11 @@ def _why(exc: OSError) -> str:
     return exc.strerror if exc.strerror and exc.filename else str(exc).split(": ", 1)[-1]
 
 
-def _head(file: int, path: str) -> bytes:
-    """The first page of a registered file; FormatError when it is gone or changed."""
+def _head(file: int, array: CachedArray) -> bytes:
+    """The first page of a registered file, known from a header file or record; when
+    it is gone or changed, that header file or record lied (HeaderFileLied)."""
     try:
         with localfiles.descriptor(file) as fd:
             return os.pread(fd, HEAD, 0)
     except OSError as exc:
-        raise FormatError(f"{path}: {_why(exc)}; run the command again") from None
+        raise array.lied(f"{array.path}: {_why(exc)}") from None

@@ -87,6 +87,17 @@ class FileSource:
         self.file_identity = self.identity = (st.st_size, st.st_mtime_ns, st.st_ino)
         self._local = threading.local()
 
+    @classmethod
+    def known(cls, path: str, st: os.stat_result) -> FileSource:
+        """The source of a regular file whose stat is at hand (a re-open that checked
+        it against a record): no stat of its own."""
+        source = cls.__new__(cls)
+        source.url = source.path = path
+        source.size = st.st_size
+        source.file_identity = source.identity = (st.st_size, st.st_mtime_ns, st.st_ino)
+        source._local = threading.local()
+        return source
+
     @contextmanager
     def opened(self) -> Iterator[None]:
         """Keep the file open for this thread's reads inside the block (opening a

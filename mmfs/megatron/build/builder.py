@@ -25,6 +25,7 @@ from mmfs.megatron.build.tasks import CLAIM_MAX, _DropInfo, _Progress, _Task, as
 from mmfs.megatron.cache.headerfile import HEADERS_FROM, HeaderFile
 from mmfs.megatron.cache.index_cache import IndexCache, default_cache_dir
 from mmfs.megatron.cache.locks import try_lock, wait_unlocked
+from mmfs.megatron.cache.resolved import Resolved, blend_key, gpt_key
 from mmfs.megatron.cache.write import Batch
 from mmfs.megatron.indices.blend import (
     MAX_DATASETS,
@@ -58,9 +59,12 @@ class Builder:
     holding its lock (cache/locks.py); the others load it when it is there."""
 
     def __init__(self, config: Config, datasets: dict, jobs: int | None = None,
-                 trust_header_files: bool = True) -> None:
+                 trust_header_files: bool = True, resolved: Resolved | None = None) -> None:
         self.config = config
         self.trust_header_files = trust_header_files  # False: read every index's own files
+        # A record of this config's indices (cache/resolved.py): their names and headers
+        # from it, no description made, no header file read.
+        self.resolved = resolved if trust_header_files else None
         self.datasets = datasets
         self.jobs = jobs or default_jobs()
         self.batch = Batch()
@@ -97,8 +101,8 @@ class Builder:
             config_split_matrix=None if c.split is None else split_matrix(c.split),
             tokenizer_identifiers=c.tokenizer_identifiers,
         )
-        cache = IndexCache(c.cache_dir or default_cache_dir(spec, c), self._descriptions.gpt(params),
-                           "GPTDataset", split)
+        cache = self._cache(c.cache_dir or default_cache_dir(spec, c), lambda: self._descriptions.gpt(params),
+                            "GPTDataset", split, gpt_key(split, spec.file))
         label = f"{split}/{spec.name}"
 
         def check() -> None:
@@ -124,6 +128,14 @@ class Builder:
         return _Task(cache, GPT_ARRAYS, label, lambda a: self._gpt_arrays_fit(a, params),
                      make, check), params
 
+    def _cache(self, folder: str, describe, class_name: str, split: str, key: str) -> IndexCache:
+        """An index's cache; its description made now, or, known from the record,
+        only if it is ever needed (the record knows its hash)."""
+        known = self.resolved.hash_of(key) if self.resolved else None
+        cache = IndexCache(folder, describe if known else describe(), class_name, split, known)
+        cache.key = key
+        return cache
+
     @staticmethod
     def _gpt_arrays_fit(arrays: dict, p: GptParams) -> bool:
         """O(1) checks that cached arrays belong together (a mismatch means rebuild);
@@ -147,14 +159,16 @@ class Builder:
 
     # -- one blend --------------------------------------------------------------
 
-    def blend_task(self, split: str, specs: list, descriptions: list[str], weights: list,
+    def blend_task(self, split: str, specs: list, descriptions: list[IndexCache], weights: list,
                    size: int | None) -> tuple[_Task, list]:
+        """descriptions: the caches of the blend's GPTDatasets (their descriptions nest in its own)."""
         c = self.config
         if size is not None:
             weights = normalize(weights)  # BlendedDataset normalises again, as Megatron does
-        description = self._descriptions.blend(descriptions, split, weights, size)
         folder = c.cache_dir or default_cache_dir(specs[0], c, "BlendedDataset")
-        cache = IndexCache(folder, description, "BlendedDataset", split)
+        cache = self._cache(folder, lambda: self._descriptions.blend([d.description for d in descriptions], split,
+                                                                      weights, size),
+                            "BlendedDataset", split, blend_key(split))
         expected = size if size is not None else sum(weights)
 
         def fits(arrays: dict) -> bool:
@@ -245,8 +259,12 @@ class Builder:
         holds: base -> (description FileId, arrays)); False when it is not there or
         not sound."""
         unsaved = task.cache.unsaved()
+        recorded = self.resolved.known(task.cache.key, task.cache) if self.resolved else None
         if unsaved is not None:
             task.result = (unsaved, False)
+        elif recorded is not None:
+            task.cache.description_file, arrays = recorded
+            task.result = (arrays, True)
         elif known and task.cache.base in known:
             task.cache.description_file, arrays = known[task.cache.base]
             task.result = (arrays, True)
@@ -267,7 +285,8 @@ class Builder:
         if quiet:  # the steps of each of thousands of indices would drown the progress
             gpt_log.addFilter(quiet)
         assign_locks(tasks)
-        header_files = self._header_files(tasks)
+        recorded = self.resolved is not None and all(self.resolved.hash_of(t.cache.key) for t in tasks)
+        header_files = [] if recorded else self._header_files(tasks)
         known: dict = {}
         for header_file, group in header_files if self.trust_header_files else ():
             known.update(header_file.read({t.cache.base: t.specs for t in group}))
@@ -416,7 +435,7 @@ class Builder:
                     for s, n in zip(specs, sizes)]
             p["gpt_tasks"] = [t for t, _ in made]
             p["params"] = [params for _, params in made]
-            p["descriptions"] = [t.cache.description for t, _ in made]
+            p["descriptions"] = [t.cache for t, _ in made]
             if weights is not None and not (len(specs) == 1 and per_split):
                 target = sizes_per_dataset(weights, size)
                 p["weights"], p["size"] = weights, sum(target)

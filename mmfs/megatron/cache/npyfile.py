@@ -69,8 +69,13 @@ class CachedArray:
         if self.known_from is None:
             return self
         if head is None:
-            fd, _ = open_regular(self.path)
             try:
+                fd, st = open_regular(self.path)
+            except OSError as exc:
+                raise self.lied(f"{self.path}: {exc.strerror or exc}") from None
+            try:
+                if self.file is not None and file_id(st) != self.file:
+                    raise self.lied(f"{self.path}: changed since {self.known_from} was written")
                 head = os.pread(fd, HEAD, 0)
             finally:
                 os.close(fd)
@@ -81,13 +86,18 @@ class CachedArray:
             dtype, found = None, str(exc)
         if dtype == self.dtype and (shape, offset) == (self.shape, self.offset):
             return dataclasses.replace(self, known_from=None, head=head)
+        raise self.lied(f"{self.path}: its header says {found}, but {self.known_from} says "
+                        f"{self.dtype.str} {list(self.shape)} at byte {self.offset}")
+
+    def lied(self, why: str) -> HeaderFileLied:
+        """The error for a file that is not what the header file (or record) this array
+        is known from says; that file is removed: it is not to be believed again."""
         try:
             os.unlink(self.known_from)
         except OSError:
             pass
-        raise HeaderFileLied(self.known_from, f"{self.path}: its header says {found}, but "
-                             f"{self.known_from} says {self.dtype.str} {list(self.shape)} at "
-                             f"byte {self.offset}; that header file is removed")
+        what = "header file" if self.known_from.endswith("-mmfs-headers.json") else "record"
+        return HeaderFileLied(self.known_from, f"{why}; that {what} is removed")
 
     def map(self) -> np.ndarray:
         if self.known_from is not None:

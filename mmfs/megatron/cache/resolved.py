@@ -1,0 +1,214 @@
+"""What a built config resolved to, in one record: its YAML as parsed, each
+dataset's files (identity, format, header), each index's cache file names and
+array headers. A re-open of the same config checks the record as a whole (the
+config's bytes, one stat of each dataset file and of each cache folder) and reads
+it instead of parsing the YAML, opening the datasets, describing thousands of
+indices and stating every cache file: a blend of ten thousand datasets re-opens
+with one read and some thirty thousand stats, not a hundred and eighty thousand.
+
+Trusted only as far as checked: a cache file is not stated here; each array read
+from the record is `known_from` it, so its file is checked (identity and its own
+.npy header) before its bytes are used, and a record that disagrees with a file
+is removed and the indices loaded from the files themselves (Corpus.splits). Any
+change the stats see (the config, a dataset, a file added to or removed from a
+cache folder, mmfs itself) makes the record stale; the full open writes it again.
+
+Kept per user (`$XDG_CACHE_HOME/mmfs/resolved/`), named by the config's path.
+Only for configs whose inputs are the config file and local IndexedDatasets
+(no text, .pbin or object-storage dataset, no tokenizer files, no data_args_path
+files, no phases); the others are opened the full way, as before."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from importlib import metadata
+
+from mmfs.megatron.cache.npyfile import CachedArray, FileId, file_id
+from mmfs.megatron.cache.write import temp_name, unlink_quietly
+from mmfs.storage import scheme_of
+from mmfs.storage.settings import default_cache_dir
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+RECORD_LIMIT = 1 << 30  # bytes: a record of a million datasets is a few hundred MB
+
+
+def record_path(config_path: str) -> str:
+    key = hashlib.sha256(os.path.realpath(config_path).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return os.path.join(default_cache_dir(), "resolved", f"{key}.json")
+
+
+def _code() -> str:
+    """mmfs's version and its source files' sizes and times: a changed mmfs (another
+    derivation, other names) never reads a record an older one wrote."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parts = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith((".py", ".so")):
+                st = os.stat(os.path.join(folder, name))
+                parts.append(f"{os.path.relpath(os.path.join(folder, name), root)} {st.st_size} {st.st_mtime_ns}")
+    try:
+        version = metadata.version("mmfs")
+    except metadata.PackageNotFoundError:
+        version = "?"
+    return hashlib.sha256("\n".join([version, *parts]).encode()).hexdigest()
+
+
+@dataclass
+class Resolved:
+    """A record found sound: what load_config, open_dataset and the builder take from it."""
+
+    path: str
+    yaml: object  # the config's YAML document, as parsed
+    digest: str  # the sha256 of its bytes
+    names: dict[str, str]  # dataset file -> its name
+    datasets: dict[str, tuple]  # dataset file -> (idx stat, bin stat, header facts)
+    indices: dict[str, list]  # index key -> [hash, description FileId, {array: [descr, shape, offset, FileId]}]
+
+    @property
+    def config(self) -> tuple:
+        """What load_config takes as `known`."""
+        return self.yaml, self.digest, self.names
+
+    def hash_of(self, key: str) -> str | None:
+        entry = self.indices.get(key)
+        return None if entry is None else entry[0]
+
+    def known(self, key: str, cache) -> tuple[FileId, dict[str, CachedArray]] | None:
+        """(description FileId, arrays) of the index `key` held in `cache`'s files,
+        each array known from this record (checked against its file before use)."""
+        entry = self.indices.get(key)
+        if entry is None or entry[0] != cache.hash:
+            return None
+        arrays = {name: CachedArray(cache.path(f"{name}.npy"), _dtype(descr), tuple(shape), offset,
+                                    file=tuple(saved), known_from=self.path)
+                  for name, (descr, shape, offset, saved) in entry[2].items()}
+        return tuple(entry[1]), arrays
+
+
+_DTYPES: dict[str, object] = {}
+
+
+def _dtype(descr: str):
+    import numpy as np
+
+    found = _DTYPES.get(descr)
+    if found is None:
+        found = _DTYPES[descr] = np.dtype(descr)
+    return found
+
+
+def gpt_key(split: str, file: str) -> str:
+    return f"GPTDataset {split} {file}"
+
+
+def blend_key(split: str) -> str:
+    return f"BlendedDataset {split}"
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except (OSError, ValueError):
+        return None
+
+
+def read(config_path: str) -> Resolved | None:
+    """The record of this config if everything it depends on is unchanged, else None."""
+    path = record_path(config_path)
+    try:
+        with open(path, "rb") as f:
+            record = json.loads(f.read(RECORD_LIMIT))
+        with open(config_path, "rb") as f:
+            digest = hashlib.sha256(f.read(RECORD_LIMIT)).hexdigest()
+    except (OSError, ValueError):
+        return None
+    try:
+        if record.get("version") != VERSION or record["config"]["sha256"] != digest or record["code"] != _code():
+            return None
+        for folder, saved in record["folders"].items():
+            st = _stat(folder)
+            if st is None or [st.st_mtime_ns, st.st_ino] != saved:
+                return None
+        datasets = {}
+        for file, (idx, bin_, header) in record["datasets"].items():
+            stats = _stat(file + ".idx"), _stat(file + ".bin")
+            if None in stats or [list(file_id(st)) for st in stats] != [idx, bin_]:
+                return None
+            datasets[file] = (*stats, tuple(header))
+        return Resolved(path, record["config"]["yaml"], digest, record["names"], datasets, record["indices"])
+    except (LookupError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def forget(config_path: str) -> None:
+    unlink_quietly(record_path(config_path))
+
+
+def _eligible(config, by_file: dict) -> bool:
+    raw = config.raw
+    return (config.source is not None and config.phases is None and config.tokenizer is None
+            and raw.get("data_args_path") is None and raw.get("per_split_data_args_path") is None
+            and all(scheme_of(file) is None and getattr(ds, "format_name", None) == "megatron-indexed"
+                    and hasattr(ds, "facts") for file, ds in by_file.items())
+            and all(spec.json_key is None for spec in config.all_datasets))
+
+
+def write(config, by_file: dict, splits: dict) -> None:
+    """Record what the config resolved to (when its inputs allow a record and every
+    index is in the cache); a folder that cannot take it only costs the next
+    re-open its time."""
+    if not _eligible(config, by_file):
+        return
+    indices: dict[str, list] = {}
+    folders: set[str] = set()
+    for name, split in splits.items():
+        parts = [(gpt_key(name, g.spec.file), g) for g in split.gpts]
+        if split.blend is not None:
+            parts.append((blend_key(name), split.blend))
+        for key, part in parts:
+            cache = part.cache
+            arrays = {n: part.raw(n) for n in part._arrays}
+            if cache.folder is None or cache.description_file is None or not all(
+                    isinstance(a, CachedArray) and a.file for a in arrays.values()):
+                return  # held in memory: not in the cache
+            folders.add(cache.folder)
+            indices[key] = [cache.hash, cache.description_file, {
+                n: [a.dtype.str, a.shape, a.offset, a.file] for n, a in arrays.items()}]
+    yaml, digest = config.source
+    try:
+        stats = {folder: os.stat(folder) for folder in sorted(folders)}
+        datasets = {file: [list(ds.idx.file_identity), list(ds.bin.file_identity), list(ds.facts())]
+                    for file, ds in by_file.items()}
+        record = {
+            "version": VERSION, "code": _code(),
+            "config": {"path": os.path.realpath(config.path), "sha256": digest, "yaml": yaml},
+            "folders": {folder: [st.st_mtime_ns, st.st_ino] for folder, st in stats.items()},
+            "names": {spec.file: spec.name for spec in config.all_datasets},
+            "datasets": datasets, "indices": indices,
+        }
+        text = json.dumps(record, separators=(",", ":"))
+        if json.loads(text)["config"]["yaml"] != yaml:  # YAML that JSON does not hold as it is
+            return
+    except (OSError, TypeError, ValueError) as exc:
+        log.debug("no record of %s: %s", config.path, exc)
+        return
+    path = record_path(config.path)
+    tmp = None
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = temp_name(os.path.dirname(path), path)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            unlink_quietly(tmp)
+        log.debug("%s: not written (%s)", path, exc)
