@@ -235,7 +235,7 @@ class ArrayPlacer:
             if not within:
                 self._pread_files.add(file)
             if isinstance(array, CachedArray) and array.known_from is not None:
-                array.vouched(_head(file, array))  # the first page: read anyway, soon
+                array.check_head(_head(file, array))  # the first page: read anyway, soon
             for c2 in by_region[region]:
                 c2.data, c2.file, c2.offset = ffi.NULL, file, offset
 
@@ -265,6 +265,7 @@ class ArrayPlacer:
                 c.data = address
             self._copies.append(copy)
         self._within = []
+        self._by_region = {}  # (what load needed; the structs point at the copies now)
         for path, file in list(self._files.items()):
             if file not in self._pread_files:
                 localfiles.forget(file)

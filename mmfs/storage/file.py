@@ -85,7 +85,6 @@ class FileSource:
         self.size = st.st_size
         # the file's own (size, mtime_ns, inode); `identity` is the source's (an object's copy: the object's)
         self.file_identity = self.identity = (st.st_size, st.st_mtime_ns, st.st_ino)
-        self._local = threading.local()
 
     @classmethod
     def known(cls, path: str, st: os.stat_result) -> FileSource:
@@ -95,7 +94,6 @@ class FileSource:
         source.url = source.path = path
         source.size = st.st_size
         source.file_identity = source.identity = (st.st_size, st.st_mtime_ns, st.st_ino)
-        source._local = threading.local()
         return source
 
     @contextmanager
@@ -103,14 +101,15 @@ class FileSource:
         """Keep the file open for this thread's reads inside the block (opening a
         dataset reads its header and a few spot values: one open, not one per read).
         Builder threads share sources, so the descriptor is the thread's own."""
-        if getattr(self._local, "fd", None) is not None:
+        held = _held()
+        if id(self) in held:
             yield
             return
-        fd = self._local.fd = self._open()
+        fd = held[id(self)] = self._open()
         try:
             yield
         finally:
-            self._local.fd = None
+            del held[id(self)]
             os.close(fd)
 
     def _open(self) -> int:
@@ -122,7 +121,7 @@ class FileSource:
 
     def read_into(self, offset: int, buffer) -> int:
         view = memoryview(buffer).cast("B")
-        fd = getattr(self._local, "fd", None)
+        fd = _held().get(id(self))
         if fd is not None:
             return read_fd_into(fd, offset, view)
         fd = self._open()
@@ -137,6 +136,16 @@ class FileSource:
         if not self.size:
             return np.zeros(0, np.uint8)
         return map_file(self.path)
+
+
+_opened = threading.local()  # this thread's descriptors of the sources inside opened(), by id
+
+
+def _held() -> dict[int, int]:
+    held = getattr(_opened, "fds", None)
+    if held is None:
+        held = _opened.fds = {}
+    return held
 
 
 def read_fd_into(fd: int, offset: int, view: memoryview) -> int:

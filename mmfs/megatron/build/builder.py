@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 
@@ -101,7 +102,7 @@ class Builder:
             config_split_matrix=None if c.split is None else split_matrix(c.split),
             tokenizer_identifiers=c.tokenizer_identifiers,
         )
-        cache = self._cache(c.cache_dir or default_cache_dir(spec, c), lambda: self._descriptions.gpt(params),
+        cache = self._cache(c.cache_dir or default_cache_dir(spec, c), partial(self._descriptions.gpt, params),
                             "GPTDataset", split, gpt_key(split, spec.file))
         label = f"{split}/{spec.name}"
 
@@ -130,7 +131,8 @@ class Builder:
 
     def _cache(self, folder: str, describe, class_name: str, split: str, key: str) -> IndexCache:
         """An index's cache; its description made now, or, known from the record,
-        only if it is ever needed (the record knows its hash)."""
+        only if it is ever needed (the record knows its hash). `describe` holds no
+        reference to the builder (nor so to the record, which is large)."""
         known = self.resolved.hash_of(key) if self.resolved else None
         cache = IndexCache(folder, describe if known else describe(), class_name, split, known)
         cache.key = key
@@ -166,8 +168,7 @@ class Builder:
         if size is not None:
             weights = normalize(weights)  # BlendedDataset normalises again, as Megatron does
         folder = c.cache_dir or default_cache_dir(specs[0], c, "BlendedDataset")
-        cache = self._cache(folder, lambda: self._descriptions.blend([d.description for d in descriptions], split,
-                                                                      weights, size),
+        cache = self._cache(folder, partial(_Descriptions.blend_of, descriptions, split, weights, size),
                             "BlendedDataset", split, blend_key(split))
         expected = size if size is not None else sum(weights)
 
