@@ -186,6 +186,22 @@ void mmfs_file_release(int64_t id) {
     pthread_mutex_unlock(&lock);
 }
 
+void mmfs_files_heads(const int64_t *ids, int64_t n, int32_t size, uint8_t *out, int32_t *got) {
+    for (int64_t i = 0; i < n; ++i) {
+        int32_t fd = mmfs_file_acquire(ids[i]);
+        if (fd < 0) {
+            got[i] = fd;
+            continue;
+        }
+        ssize_t k;
+        do {
+            k = pread(fd, out + i * (int64_t)size, (size_t)size, 0);
+        } while (k < 0 && errno == EINTR);
+        got[i] = k < 0 ? MMFS_E_IO : (int32_t)k;
+        mmfs_file_release(ids[i]);
+    }
+}
+
 int64_t mmfs_file_path(int64_t id, char *out, int64_t capacity) {
     pthread_mutex_lock(&lock);
     entry *e = find(id);

@@ -37,6 +37,11 @@ int64_t mmfs_file_path(int64_t id, char *out, int64_t capacity);
  * moment while many threads read. */
 void mmfs_files_set_limit(int32_t max_open);
 
+/* The first `size` bytes of each of the files ids[0..n) into out + i * size (a
+ * header check of thousands of index files in one call); got[i]: how many bytes were
+ * read (fewer at a file's end), or a negative MMFS_E_* (see mmfs_file_acquire). */
+void mmfs_files_heads(const int64_t *ids, int64_t n, int32_t size, uint8_t *out, int32_t *got);
+
 /* What the table did so far, for tests and benchmarks. */
 typedef struct {
     int64_t known;    /* files registered and not forgotten */

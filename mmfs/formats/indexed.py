@@ -70,7 +70,7 @@ class IndexedDataset(SequenceDataset):
         self.idx_path = self.path_prefix + ".idx"
         self.bin_path = self.path_prefix + ".bin"
         if known is not None:
-            idx_stat, bin_stat, (code, n, doc_count) = known
+            idx_stat, bin_stat, (code, n, doc_count, *tokens) = known
             base = HEADER_SIZE + 12 * n + 8 * doc_count
             if code not in CODE_TO_DTYPE or doc_count < 1 or idx_stat.st_size not in (base, base + n):
                 raise FormatError(f"{self.idx_path}: the record of it does not fit its size; run the command again")
@@ -78,6 +78,8 @@ class IndexedDataset(SequenceDataset):
             self._describe(code, n, doc_count)
             self.bin_size = self.bin.size
             self.data_section = (0, self.bin_size)
+            if tokens:
+                self.num_tokens = int(tokens[0])  # (the cached property, known)
             return
         try:
             self.idx = open_source(self.idx_path, whole=True)  # read often: a local copy
@@ -134,9 +136,10 @@ class IndexedDataset(SequenceDataset):
             )
         self._describe(code, n, doc_count)
 
-    def facts(self) -> tuple[int, int, int]:
-        """What a re-open needs to describe the dataset without reading it (see __init__'s known)."""
-        return self.dtype_code, self.num_sequences, self.num_documents + 1
+    def facts(self) -> tuple[int, ...]:
+        """What a re-open needs to describe the dataset without reading it (see __init__'s
+        known), and its token count (mmfs.json's, which reads every sequence length)."""
+        return self.dtype_code, self.num_sequences, self.num_documents + 1, self.num_tokens
 
     def _describe(self, code: int, n: int, doc_count: int) -> None:
         """The arrays of an index of `n` sequences and `doc_count` document indices, as checked."""

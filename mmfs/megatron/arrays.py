@@ -213,6 +213,7 @@ class ArrayPlacer:
             if region:
                 by_region.setdefault(region, []).append(c)
         seen: set[tuple[str, int]] = set()
+        unchecked: list[tuple[int, CachedArray]] = []  # known from a header file or record
         for nbytes, i in files:
             c, array, region = self._placed[i]
             if region in seen:  # the same bytes placed twice: decided already
@@ -235,9 +236,10 @@ class ArrayPlacer:
             if not within:
                 self._pread_files.add(file)
             if isinstance(array, CachedArray) and array.known_from is not None:
-                array.check_head(_head(file, array))  # the first page: read anyway, soon
+                unchecked.append((file, array))
             for c2 in by_region[region]:
                 c2.data, c2.file, c2.offset = ffi.NULL, file, offset
+        _check_heads(unchecked)
 
     def load(self) -> None:
         """Replace the maps of the arrays kept within the limit by copies read
@@ -286,6 +288,29 @@ class ArrayPlacer:
 
 def _why(exc: OSError) -> str:
     return exc.strerror if exc.strerror and exc.filename else str(exc).split(": ", 1)[-1]
+
+
+HEADS = 512  # bytes read first of each file: a numpy header is 128 bytes, rarely more
+
+
+def _check_heads(arrays: list[tuple[int, CachedArray]]) -> None:
+    """Check each array's file against what the header file or record it is known
+    from says, reading the first bytes of all of them in one C call (thousands of
+    files); HeaderFileLied for the first that disagrees or cannot be read."""
+    if not arrays:
+        return
+    ids = np.array([file for file, _ in arrays], dtype=np.int64)
+    heads = np.empty((len(arrays), HEADS), dtype=np.uint8)
+    got = np.empty(len(arrays), dtype=np.int32)
+    lib.mmfs_files_heads(ffi.from_buffer("int64_t[]", ids), len(arrays), HEADS,
+                         ffi.from_buffer("uint8_t[]", heads), ffi.from_buffer("int32_t[]", got))
+    raw = heads.tobytes()
+    for k, (file, array) in enumerate(arrays):
+        n = int(got[k])
+        if n < 0 or (n == HEADS and array.offset > HEADS):  # not read, or a long header: file by file
+            array.check_head(_head(file, array))
+        else:
+            array.check_head(raw[k * HEADS : k * HEADS + n])
 
 
 def _head(file: int, array: CachedArray) -> bytes:

@@ -115,7 +115,7 @@ def register(path: str, identity: tuple[int, int, int] | None) -> int:
     """A file's id in the table (nothing is opened). identity: (size, mtime_ns,
     inode) as the indices were made from it; None: as first opened."""
     size, mtime_ns, inode = identity if identity is not None else (-1, -1, -1)
-    file = lib.mmfs_file_add(os.fsencode(path), size, mtime_ns, inode)
+    file = lib.mmfs_file_add(path.encode("utf-8", "surrogateescape"), size, mtime_ns, inode)
     if file < 0:
         raise MemoryError(f"{path}: no memory for the open-files table")
     return file
