@@ -205,8 +205,11 @@ def check(result: dict, what: str) -> dict:
 
 
 def last_line(result: dict) -> str:
-    lines = [line for line in result["err"].splitlines() if line.strip()]
-    return lines[-1][:200] if lines else f"exit code {result['rc']}"
+    """Why a command failed: its line naming the error number (Megatron's own last line
+    is often a later exception in a destructor), else its last line."""
+    lines = [line.strip() for line in result["err"].splitlines() if line.strip()]
+    named = [line for line in lines if "[Errno" in line]
+    return (named or lines or [f"exit code {result['rc']}"])[-1][:200]
 
 
 def megatron_spec(config: str) -> str:

@@ -145,9 +145,8 @@ def test_a_record_that_lies_about_a_cache_file_is_not_believed(blend, lie, map_l
     expected, _ = reopen(config, map_limit_mb)
     record = record_of(config)
     saved = json.loads(open(record, "rb").read())
-    kind = "BlendedDataset" if lie is blend_one_element_later else "GPTDataset"
-    key = next(k for k in saved["indices"] if k.startswith(kind + " train"))
-    lie(saved["indices"][key][2])
+    gpts, blend = saved["splits"]["train"]
+    lie(blend[-1] if lie is blend_one_element_later else gpts[0][-1])  # the index's arrays
     with open(record, "w") as f:
         f.write(json.dumps(saved))
     served, log = reopen(config, map_limit_mb)

@@ -230,7 +230,7 @@ def _from_record(config_path: str, jobs: int | None) -> tuple[Config, dict, dict
         by_file = {spec.file: IndexedDataset(spec.file, known=record.datasets[spec.file])
                    for spec in config.all_datasets}
         check_token_ids(config, sample_dtype(list(by_file.values())))
-        return config, by_file, Builder(config, by_file, jobs, resolved=record).build()
+        return config, by_file, Builder(config, by_file, jobs).from_record(record)
     except (MmfsError, LookupError, TypeError, ValueError) as exc:  # not what was recorded: the full way
         log.debug("%s: the record %s is not used (%s)", config_path, record.path, exc)
         resolved.forget(config_path)

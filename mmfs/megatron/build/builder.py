@@ -26,7 +26,7 @@ from mmfs.megatron.build.tasks import CLAIM_MAX, _DropInfo, _Progress, _Task, as
 from mmfs.megatron.cache.headerfile import HEADERS_FROM, HeaderFile
 from mmfs.megatron.cache.index_cache import IndexCache, default_cache_dir
 from mmfs.megatron.cache.locks import try_lock, wait_unlocked
-from mmfs.megatron.cache.resolved import Resolved, blend_key, gpt_key
+from mmfs.megatron.cache.resolved import Resolved
 from mmfs.megatron.cache.write import Batch
 from mmfs.megatron.indices.blend import (
     MAX_DATASETS,
@@ -60,12 +60,9 @@ class Builder:
     holding its lock (cache/locks.py); the others load it when it is there."""
 
     def __init__(self, config: Config, datasets: dict, jobs: int | None = None,
-                 trust_header_files: bool = True, resolved: Resolved | None = None) -> None:
+                 trust_header_files: bool = True) -> None:
         self.config = config
         self.trust_header_files = trust_header_files  # False: read every index's own files
-        # A record of this config's indices (cache/resolved.py): their names and headers
-        # from it, no description made, no header file read.
-        self.resolved = resolved if trust_header_files else None
         self.datasets = datasets
         self.jobs = jobs or default_jobs()
         self.batch = Batch()
@@ -87,23 +84,10 @@ class Builder:
         """by_length: the task is one of a blend weighted by its datasets' lengths."""
         c = self.config
         dataset = self.datasets[spec.file]
-        beg, end = split_range(bookend, dataset.num_sequences)
-        params = GptParams(
-            dataset_path=spec.path,
-            split=split,
-            beg=beg,
-            end=end,
-            num_samples=num_samples,
-            sequence_length=c.sequence_length,
-            seed=c.seed,
-            add_extra_token=c.add_extra_token,
-            drop_last_partial=c.drop_last_partial_validation_sequence if split == "valid" else True,
-            config_split=c.split,
-            config_split_matrix=None if c.split is None else split_matrix(c.split),
-            tokenizer_identifiers=c.tokenizer_identifiers,
-        )
-        cache = self._cache(c.cache_dir or default_cache_dir(spec, c), partial(self._descriptions.gpt, params),
-                            "GPTDataset", split, gpt_key(split, spec.file))
+        params = self.gpt_params(spec, split, *split_range(bookend, dataset.num_sequences), num_samples)
+        beg, end = params.beg, params.end
+        cache = IndexCache(c.cache_dir or default_cache_dir(spec, c), self._descriptions.gpt(params),
+                           "GPTDataset", split)
         label = f"{split}/{spec.name}"
 
         def check() -> None:
@@ -129,14 +113,23 @@ class Builder:
         return _Task(cache, GPT_ARRAYS, label, lambda a: self._gpt_arrays_fit(a, params),
                      make, check), params
 
-    def _cache(self, folder: str, describe, class_name: str, split: str, key: str) -> IndexCache:
-        """An index's cache; its description made now, or, known from the record,
-        only if it is ever needed (the record knows its hash). `describe` holds no
-        reference to the builder (nor so to the record, which is large)."""
-        known = self.resolved.hash_of(key) if self.resolved else None
-        cache = IndexCache(folder, describe if known else describe(), class_name, split, known)
-        cache.key = key
-        return cache
+    def gpt_params(self, spec: DatasetSpec, split: str, beg: int, end: int, num_samples: int | None) -> GptParams:
+        """One GPTDataset of the config: sequences [beg, end) of spec's dataset."""
+        c = self.config
+        return GptParams(
+            dataset_path=spec.path,
+            split=split,
+            beg=beg,
+            end=end,
+            num_samples=num_samples,
+            sequence_length=c.sequence_length,
+            seed=c.seed,
+            add_extra_token=c.add_extra_token,
+            drop_last_partial=c.drop_last_partial_validation_sequence if split == "valid" else True,
+            config_split=c.split,
+            config_split_matrix=None if c.split is None else split_matrix(c.split),
+            tokenizer_identifiers=c.tokenizer_identifiers,
+        )
 
     @staticmethod
     def _gpt_arrays_fit(arrays: dict, p: GptParams) -> bool:
@@ -161,15 +154,14 @@ class Builder:
 
     # -- one blend --------------------------------------------------------------
 
-    def blend_task(self, split: str, specs: list, descriptions: list[IndexCache], weights: list,
+    def blend_task(self, split: str, specs: list, descriptions: list[str], weights: list,
                    size: int | None) -> tuple[_Task, list]:
-        """descriptions: the caches of the blend's GPTDatasets (their descriptions nest in its own)."""
         c = self.config
         if size is not None:
             weights = normalize(weights)  # BlendedDataset normalises again, as Megatron does
+        description = self._descriptions.blend(descriptions, split, weights, size)
         folder = c.cache_dir or default_cache_dir(specs[0], c, "BlendedDataset")
-        cache = self._cache(folder, partial(_Descriptions.blend_of, descriptions, split, weights, size),
-                            "BlendedDataset", split, blend_key(split))
+        cache = IndexCache(folder, description, "BlendedDataset", split)
         expected = size if size is not None else sum(weights)
 
         def fits(arrays: dict) -> bool:
@@ -260,12 +252,8 @@ class Builder:
         holds: base -> (description FileId, arrays)); False when it is not there or
         not sound."""
         unsaved = task.cache.unsaved()
-        recorded = self.resolved.known(task.cache.key, task.cache) if self.resolved else None
         if unsaved is not None:
             task.result = (unsaved, False)
-        elif recorded is not None:
-            task.cache.description_file, arrays = recorded
-            task.result = (arrays, True)
         elif known and task.cache.base in known:
             task.cache.description_file, arrays = known[task.cache.base]
             task.result = (arrays, True)
@@ -286,8 +274,7 @@ class Builder:
         if quiet:  # the steps of each of thousands of indices would drown the progress
             gpt_log.addFilter(quiet)
         assign_locks(tasks)
-        recorded = self.resolved is not None and all(self.resolved.hash_of(t.cache.key) for t in tasks)
-        header_files = [] if recorded else self._header_files(tasks)
+        header_files = self._header_files(tasks)
         known: dict = {}
         for header_file, group in header_files if self.trust_header_files else ():
             known.update(header_file.read({t.cache.base: t.specs for t in group}))
@@ -334,6 +321,32 @@ class Builder:
                 by_folder.setdefault(t.cache.folder, []).append(t)
         return [(HeaderFile(folder, [t.cache for t in group]), group)
                 for folder, group in by_folder.items() if len(group) >= HEADERS_FROM]
+
+    # -- a record of a build -----------------------------------------------------------
+
+    def from_record(self, record: Resolved) -> dict[str, SplitIndices]:
+        """Each split's indices as a build of this very config and these datasets made
+        them (cache/resolved.py): nothing planned, described or read; each array is
+        checked against its file when it is first used."""
+        c = self.config
+        specs = {spec.file: spec for spec in c.all_datasets}
+        out = {}
+        for name, (gpts, blend) in record.splits.items():
+            split = SplitIndices(name, [])
+            for file, beg, end, num_samples, *index in gpts:
+                spec = specs[file]
+                params = self.gpt_params(spec, name, beg, end, num_samples)
+                cache = IndexCache(c.cache_dir or default_cache_dir(spec, c), partial(self._descriptions.gpt, params),
+                                   "GPTDataset", name, known_hash=index[0])
+                split.gpts.append(GptIndices(spec, params, cache, record.arrays(cache, *index), True))
+            if blend is not None:
+                weights, size, *index = blend
+                folder = c.cache_dir or default_cache_dir(split.gpts[0].spec, c, "BlendedDataset")
+                describe = partial(_Descriptions.blend_of, [g.cache for g in split.gpts], name, weights, size)
+                cache = IndexCache(folder, describe, "BlendedDataset", name, known_hash=index[0])
+                split.blend = BlendIndices(weights, size, cache, record.arrays(cache, *index), True)
+            out[name] = split
+        return out
 
     # -- all splits ------------------------------------------------------------------
 
@@ -436,7 +449,7 @@ class Builder:
                     for s, n in zip(specs, sizes)]
             p["gpt_tasks"] = [t for t, _ in made]
             p["params"] = [params for _, params in made]
-            p["descriptions"] = [t.cache for t, _ in made]
+            p["descriptions"] = [t.cache.description for t, _ in made]
             if weights is not None and not (len(specs) == 1 and per_split):
                 target = sizes_per_dataset(weights, size)
                 p["weights"], p["size"] = weights, sum(target)

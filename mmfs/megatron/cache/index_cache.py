@@ -64,7 +64,6 @@ class IndexCache:
         self.base = f"{self.hash}-{class_name}-{split}"
         self._prefix = None if folder is None else os.path.join(folder, self.base)
         self.description_file: FileId | None = None  # as last loaded or staged
-        self.key = ""  # its name in a record of the config's indices (cache/resolved.py)
 
     @property
     def description(self) -> str:

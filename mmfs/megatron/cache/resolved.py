@@ -27,7 +27,9 @@ import os
 from dataclasses import dataclass
 from importlib import metadata
 
-from mmfs.megatron.cache.npyfile import CachedArray, FileId, file_id
+import numpy as np
+
+from mmfs.megatron.cache.npyfile import CachedArray, file_id
 from mmfs.megatron.cache.write import temp_name, unlink_quietly
 from mmfs.storage import scheme_of
 from mmfs.storage.settings import default_cache_dir
@@ -63,54 +65,42 @@ def _code() -> str:
 
 @dataclass
 class Resolved:
-    """A record found sound: what load_config, open_dataset and the builder take from it."""
+    """A record found sound: what load_config, the datasets and Builder.from_record
+    take from it."""
 
     path: str
     yaml: object  # the config's YAML document, as parsed
     digest: str  # the sha256 of its bytes
     names: dict[str, str]  # dataset file -> its name
     datasets: dict[str, tuple]  # dataset file -> (idx stat, bin stat, header facts)
-    indices: dict[str, list]  # index key -> [hash, description FileId, {array: [descr, shape, offset, FileId]}]
+    # split -> ([[file, beg, end, num_samples, *index] per GPTDataset], [weights, size, *index] or None),
+    # index: [hash, description FileId, {array: [descr, shape, offset, FileId]}]
+    splits: dict[str, list]
 
     @property
     def config(self) -> tuple:
         """What load_config takes as `known`."""
         return self.yaml, self.digest, self.names
 
-    def hash_of(self, key: str) -> str | None:
-        entry = self.indices.get(key)
-        return None if entry is None else entry[0]
-
-    def known(self, key: str, cache) -> tuple[FileId, dict[str, CachedArray]] | None:
-        """(description FileId, arrays) of the index `key` held in `cache`'s files,
-        each array known from this record (checked against its file before use)."""
-        entry = self.indices.get(key)
-        if entry is None or entry[0] != cache.hash:
-            return None
-        arrays = {name: CachedArray(cache.path(f"{name}.npy"), _dtype(descr), tuple(shape), offset,
-                                    file=tuple(saved), known_from=self.path)
-                  for name, (descr, shape, offset, saved) in entry[2].items()}
-        return tuple(entry[1]), arrays
+    def arrays(self, cache, hash_: str, description: list, arrays: dict) -> dict[str, CachedArray]:
+        """The arrays of one index held in `cache`'s files, each known from this
+        record (checked against its file before its bytes are used)."""
+        if hash_ != cache.hash:
+            raise ValueError(f"{self.path}: an index named {hash_}, not {cache.hash}")
+        cache.description_file = tuple(description)
+        return {name: CachedArray(cache.path(f"{name}.npy"), _dtype(descr), tuple(shape), offset,
+                                  file=tuple(saved), known_from=self.path)
+                for name, (descr, shape, offset, saved) in arrays.items()}
 
 
-_DTYPES: dict[str, object] = {}
+_DTYPES: dict[str, np.dtype] = {}
 
 
-def _dtype(descr: str):
-    import numpy as np
-
+def _dtype(descr: str) -> np.dtype:
     found = _DTYPES.get(descr)
     if found is None:
         found = _DTYPES[descr] = np.dtype(descr)
     return found
-
-
-def gpt_key(split: str, file: str) -> str:
-    return f"GPTDataset {split} {file}"
-
-
-def blend_key(split: str) -> str:
-    return f"BlendedDataset {split}"
 
 
 def _stat(path: str) -> os.stat_result | None:
@@ -143,7 +133,7 @@ def read(config_path: str) -> Resolved | None:
             if None in stats or [list(file_id(st)) for st in stats] != [idx, bin_]:
                 return None
             datasets[file] = (*stats, tuple(header))
-        return Resolved(path, record["config"]["yaml"], digest, record["names"], datasets, record["indices"])
+        return Resolved(path, record["config"]["yaml"], digest, record["names"], datasets, record["splits"])
     except (LookupError, TypeError, ValueError, AttributeError):
         return None
 
@@ -167,21 +157,33 @@ def write(config, by_file: dict, splits: dict) -> None:
     re-open its time."""
     if not _eligible(config, by_file):
         return
-    indices: dict[str, list] = {}
+    splits_out: dict[str, list] = {}
     folders: set[str] = set()
+
+    def index(part) -> list | None:
+        cache = part.cache
+        arrays = {n: part.raw(n) for n in part.names()}
+        if cache.folder is None or cache.description_file is None or not all(
+                isinstance(a, CachedArray) and a.file for a in arrays.values()):
+            return None  # held in memory: not in the cache
+        folders.add(cache.folder)
+        return [cache.hash, cache.description_file,
+                {n: [a.dtype.str, a.shape, a.offset, a.file] for n, a in arrays.items()}]
+
     for name, split in splits.items():
-        parts = [(gpt_key(name, g.spec.file), g) for g in split.gpts]
+        gpts = []
+        for g in split.gpts:
+            entry = index(g)
+            if entry is None:
+                return
+            gpts.append([g.spec.file, g.params.beg, g.params.end, g.params.num_samples, *entry])
+        blend = None
         if split.blend is not None:
-            parts.append((blend_key(name), split.blend))
-        for key, part in parts:
-            cache = part.cache
-            arrays = {n: part.raw(n) for n in part._arrays}
-            if cache.folder is None or cache.description_file is None or not all(
-                    isinstance(a, CachedArray) and a.file for a in arrays.values()):
-                return  # held in memory: not in the cache
-            folders.add(cache.folder)
-            indices[key] = [cache.hash, cache.description_file, {
-                n: [a.dtype.str, a.shape, a.offset, a.file] for n, a in arrays.items()}]
+            entry = index(split.blend)
+            if entry is None:
+                return
+            blend = [split.blend.weights, split.blend.size, *entry]
+        splits_out[name] = [gpts, blend]
     yaml, digest = config.source
     try:
         stats = {folder: os.stat(folder) for folder in sorted(folders)}
@@ -192,11 +194,14 @@ def write(config, by_file: dict, splits: dict) -> None:
             "config": {"path": os.path.realpath(config.path), "sha256": digest, "yaml": yaml},
             "folders": {folder: [st.st_mtime_ns, st.st_ino] for folder, st in stats.items()},
             "names": {spec.file: spec.name for spec in config.all_datasets},
-            "datasets": datasets, "indices": indices,
+            "datasets": datasets, "splits": splits_out,
         }
         text = json.dumps(record, separators=(",", ":"))
-        if json.loads(text)["config"]["yaml"] != yaml:  # YAML that JSON does not hold as it is
-            return
+        again = json.loads(text)
+        if again["config"]["yaml"] != yaml or again["splits"] != json.loads(json.dumps(splits_out)) \
+                or any(g[1] is not None and g[1][0] != s.blend.weights
+                       for g, s in zip(again["splits"].values(), splits.values())):
+            return  # what JSON does not hold as it is
     except (OSError, TypeError, ValueError) as exc:
         log.debug("no record of %s: %s", config.path, exc)
         return
