@@ -338,13 +338,13 @@ class Builder:
                 params = self.gpt_params(spec, name, beg, end, num_samples)
                 cache = IndexCache(c.cache_dir or default_cache_dir(spec, c), partial(self._descriptions.gpt, params),
                                    "GPTDataset", name, known_hash=index[0])
-                split.gpts.append(GptIndices(spec, params, cache, record.arrays(cache, *index), True))
+                split.gpts.append(GptIndices(spec, params, cache, record.arrays(cache, GPT_ARRAYS, *index), True))
             if blend is not None:
                 weights, size, *index = blend
                 folder = c.cache_dir or default_cache_dir(split.gpts[0].spec, c, "BlendedDataset")
                 describe = partial(_Descriptions.blend_of, [g.cache for g in split.gpts], name, weights, size)
                 cache = IndexCache(folder, describe, "BlendedDataset", name, known_hash=index[0])
-                split.blend = BlendIndices(weights, size, cache, record.arrays(cache, *index), True)
+                split.blend = BlendIndices(weights, size, cache, record.arrays(cache, BLEND_ARRAYS, *index), True)
             out[name] = split
         return out
 

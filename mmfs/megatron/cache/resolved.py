@@ -24,11 +24,13 @@ import hashlib
 import json
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from importlib import metadata
 
 import numpy as np
 
+from mmfs.config.safe_yaml import MAX_CONFIG_BYTES
 from mmfs.megatron.cache.npyfile import CachedArray, file_id
 from mmfs.megatron.cache.write import temp_name, unlink_quietly
 from mmfs.storage import scheme_of
@@ -82,11 +84,11 @@ class Resolved:
         """What load_config takes as `known`."""
         return self.yaml, self.digest, self.names
 
-    def arrays(self, cache, hash_: str, description: list, arrays: dict) -> dict[str, CachedArray]:
-        """The arrays of one index held in `cache`'s files, each known from this
-        record (checked against its file before its bytes are used)."""
-        if hash_ != cache.hash:
-            raise ValueError(f"{self.path}: an index named {hash_}, not {cache.hash}")
+    def arrays(self, cache, names, hash_: str, description: list, arrays: dict) -> dict[str, CachedArray]:
+        """The arrays `names` of one index held in `cache`'s files, each known from
+        this record (checked against its file before its bytes are used)."""
+        if hash_ != cache.hash or sorted(arrays) != sorted(names):
+            raise ValueError(f"{self.path}: not the arrays of {cache.base}")
         cache.description_file = tuple(description)
         return {name: CachedArray(cache.path(f"{name}.npy"), _dtype(descr), tuple(shape), offset,
                                   file=tuple(saved), known_from=self.path)
@@ -110,16 +112,35 @@ def _stat(path: str) -> os.stat_result | None:
         return None
 
 
+def _read_regular(path: str, limit: int) -> bytes | None:
+    """At most `limit` bytes of a regular file; None for anything else (a FIFO put in
+    its place must not block the open) or when it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def read(config_path: str) -> Resolved | None:
     """The record of this config if everything it depends on is unchanged, else None."""
     path = record_path(config_path)
-    try:
-        with open(path, "rb") as f:
-            record = json.loads(f.read(RECORD_LIMIT))
-        with open(config_path, "rb") as f:
-            digest = hashlib.sha256(f.read(RECORD_LIMIT)).hexdigest()
-    except (OSError, ValueError):
+    text, config_bytes = _read_regular(path, RECORD_LIMIT), _read_regular(config_path, MAX_CONFIG_BYTES + 1)
+    if text is None or config_bytes is None:
         return None
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    digest = hashlib.sha256(config_bytes).hexdigest()
     try:
         if record.get("version") != VERSION or record["config"]["sha256"] != digest or record["code"] != _code():
             return None
