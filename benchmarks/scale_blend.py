@@ -2,7 +2,12 @@
 
     python benchmarks/scale_blend.py --root SCRATCH [--datasets 1000] [--docs 20000]
         [--samples 4000000] [--megatron-python PYTHON] [--jobs N] [--repeat 1]
-        [--pbin-docs 10000000] [--skip mount,concurrent,pbin,megatron]
+        [--pbin-docs 10000000] [--ulimit N] [--skip mount,concurrent,pbin,megatron]
+
+The cases of docs/benchmarks.md: 1,000 datasets of 20,000 documents (the default)
+and 10,000 of 5,000 (`--datasets 10000 --docs 5000`, 50 million documents); each
+also under `--ulimit 1024`, the soft limit on open files of most Linux systems,
+which every command of the run (mmfs's and megatron-core's) is started under.
 
 It generates, once, in SCRATCH: N uint16 IndexedDatasets (real .idx, sparse .bin,
 documents of 1..1999 tokens) and a YAML config blending them with weights
@@ -13,7 +18,8 @@ then measures, each in a fresh process (time, peak resident memory, CPU seconds)
                     BlendedMegatronDatasetBuilder on the same blend (one run,
                     interleaved); the two caches are compared file by file
   cached re-open    `mmfs build` again
-  mount             `mmfs mount` until it returns, and the daemon's resident memory
+  mount             `mmfs mount` until it returns; then 2,000 samples read across the
+                    blend, and the daemon's resident memory and open descriptors
   4 builders        four `mmfs build` at once on an empty cache: CPU against one build
                     (one, then four, in turn, at least three times; the median ratio)
   .pbin             opening a Modalities file of `--pbin-docs` documents (and
@@ -32,6 +38,7 @@ import filecmp
 import json
 import os
 import pickle
+import resource
 import shutil
 import statistics
 import struct
@@ -120,10 +127,20 @@ def generate(root: str, datasets: int, docs: int, samples: int, cache_dir: str) 
 CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
+# The soft limit on open files every command runs under (--ulimit; None: as it is).
+OPEN_FILES: int | None = None
+
+
+def _limited() -> None:
+    if OPEN_FILES is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
 def run(cmd: list[str]) -> dict:
     """Run a command; its wall time, peak RSS (MB) and CPU seconds (os.wait4)."""
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=CHILD_ENV)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=CHILD_ENV,
+                            preexec_fn=_limited)
     out, err = proc.communicate()
     return {"seconds": time.perf_counter() - t, "out": out.decode(), "err": err.decode(),
             "rc": proc.returncode, **_usage(proc)}
@@ -187,6 +204,14 @@ def check(result: dict, what: str) -> dict:
     return result
 
 
+def last_line(result: dict) -> str:
+    """Why a command failed: its line naming the error number (Megatron's own last line
+    is often a later exception in a destructor), else its last line."""
+    lines = [line.strip() for line in result["err"].splitlines() if line.strip()]
+    named = [line for line in lines if "[Errno" in line]
+    return (named or lines or [f"exit code {result['rc']}"])[-1][:200]
+
+
 def megatron_spec(config: str) -> str:
     with open(config) as f:
         cfg = json.load(f)
@@ -240,14 +265,19 @@ def bench_cold(config: str, args: argparse.Namespace, megatron: bool) -> None:
         ours = cache + ".mmfs"
         set_aside(config, ours)
         os.rename(cache, ours)
+        finished = False
         for threads in sorted({1, args.jobs}):
             set_aside(config, cache)
-            mg = check(run([args.megatron_python, "-c", MEGATRON, spec, cache, str(threads)]),
-                       "megatron-core")
+            mg = run([args.megatron_python, "-c", MEGATRON, spec, cache, str(threads)])
+            if mg["rc"] != 0:  # e.g. out of descriptors under --ulimit
+                row(f"megatron-core threads={threads}", mg, f"FAILS: {last_line(mg)}")
+                continue
+            finished = True
             row(f"megatron-core threads={threads}", mg,
                 f"mmfs/megatron time {mm['seconds'] / mg['seconds']:.2f}, "
                 f"memory {mm['rss_mb'] / mg['rss_mb']:.2f}")
-        print(f"  caches: {same_tree(ours, cache)}")
+        if finished:
+            print(f"  caches: {same_tree(ours, cache)}")
         set_aside(config, cache)
         os.rename(ours, cache)
 
@@ -282,17 +312,31 @@ def _daemon_pid(mountpoint: str) -> int | None:
     return None
 
 
+def _descriptors(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
 def bench_mount(config: str, args: argparse.Namespace) -> None:
     print("mount of the cached config:")
     mountpoint = tempfile.mkdtemp(prefix="mmfs-scale-mnt-", dir=args.root)
     try:
-        r = check(run(mmfs_cmd("-q", "mount", config, mountpoint)), "mmfs mount")
-        pid = _daemon_pid(mountpoint)
-        with open(os.path.join(mountpoint, "train", "samples", "0000000.bin"), "rb") as f:
-            f.read()
-        time.sleep(1)
-        rss = _rss_of(pid) if pid else float("nan")
-        row("mmfs mount (returns)", r, f"daemon {rss:.0f} MB after one read")
+        for _ in range(max(args.repeat, 1)):
+            r = check(run(mmfs_cmd("-q", "mount", config, mountpoint)), "mmfs mount")
+            pid = _daemon_pid(mountpoint)
+            samples = os.path.join(mountpoint, "train", "samples")
+            count = len(os.listdir(samples))
+            t = time.perf_counter()
+            for i in np.random.RandomState(0).randint(0, count, size=2000):  # across the whole blend
+                with open(os.path.join(samples, f"{i:07d}.bin"), "rb") as f:
+                    f.read()
+            read = time.perf_counter() - t
+            rss = _rss_of(pid) if pid else float("nan")
+            row("mmfs mount (returns)", r, f"daemon {rss:.0f} MB, {_descriptors(pid) if pid else -1} open "
+                f"descriptors after 2,000 random samples ({read:.2f} s)")
+            subprocess.run(mmfs_cmd("umount", mountpoint), capture_output=True)
     finally:
         subprocess.run(mmfs_cmd("umount", mountpoint), capture_output=True)
         os.rmdir(mountpoint)
@@ -376,15 +420,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--megatron-python", default=sys.executable)
     ap.add_argument("--cache-dir", default="cache",
                     help="index cache folder, relative to --root (e.g. one on tmpfs)")
+    ap.add_argument("--ulimit", type=int, default=None, metavar="N",
+                    help="run every command under a soft limit of N open files (e.g. 1024)")
     ap.add_argument("--skip", default="", help="comma list: cold,reopen,mount,concurrent,pbin,megatron")
     args = ap.parse_args(argv)
+    global OPEN_FILES
+    OPEN_FILES = args.ulimit
     skip = set(filter(None, args.skip.split(",")))
     os.makedirs(args.root, exist_ok=True)
     t = time.perf_counter()
     config = generate(args.root, args.datasets, args.docs, args.samples, args.cache_dir)
     print(f"blend: {args.datasets} datasets x {args.docs} documents, {args.samples:,} train "
           f"samples, sequence_length {SEQ_LEN} ({config}; ready in {time.perf_counter() - t:.1f} s)")
-    print(f"machine: {os.cpu_count()} CPUs; each figure from one fresh process\n", flush=True)
+    limit = f"; every command under ulimit -n {args.ulimit}" if args.ulimit else ""
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; each figure from one "
+          f"fresh process{limit}\n", flush=True)
     megatron = "megatron" not in skip and has_megatron(args.megatron_python)
     if "cold" not in skip:
         bench_cold(config, args, megatron)

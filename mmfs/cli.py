@@ -16,7 +16,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from mmfs import __version__  # noqa: E402 - after the setting above
 from mmfs.config.schema import SPLITS  # noqa: E402
-from mmfs.errors import MmfsError  # noqa: E402
+from mmfs.errors import MmfsError, descriptors_exhausted, out_of_descriptors  # noqa: E402
 from mmfs.mount.options import options_help  # noqa: E402
 
 # Characters that end a line (str.splitlines): escaped in an error message, so that
@@ -223,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except MmfsError as exc:
-        print(f"mmfs: error: {str(exc).translate(_LINE_BREAKS)}", file=sys.stderr)
+        # An open that found no descriptor left, in whatever words the error put it: the limit instead.
+        line = out_of_descriptors(exc) or str(exc)
+        print(f"mmfs: error: {line.translate(_LINE_BREAKS)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # A build drops what it staged and its locks before this (Builder._run).
@@ -236,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 128 + 13
+    except OSError as exc:  # out of file descriptors: one line naming the limit, never a traceback
+        line = descriptors_exhausted(exc)
+        if line is None:
+            raise
+        print(f"mmfs: error: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

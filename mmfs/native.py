@@ -1,6 +1,8 @@
 """Access to the compiled C core (`mmfs._native`, built by pip from native/)."""
 
+import errno
 import os
+import resource
 import threading
 
 import numpy as np
@@ -28,14 +30,20 @@ _MESSAGES = {
     lib.MMFS_E_OVERFLOW: "a value does not fit the index dtype",
     lib.MMFS_E_IO: "a file ended early or could not be read",
     lib.MMFS_E_NOMEM: "out of memory",
+    lib.MMFS_E_CHANGED: "a file changed since the mount",
 }
 
 
-def _file_of(fd: int) -> str:
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return f"file descriptor {fd}"
+def file_path(file: int) -> str | None:
+    """The path of a local file the C core reads (its id in the open-files table,
+    native/mmfs_files.h), or None for an id it does not know."""
+    out = ffi.new("char[]", 4096)
+    return None if lib.mmfs_file_path(file, out, 4096) < 0 else os.fsdecode(ffi.string(out))
+
+
+def _file_of(file: int) -> str:
+    path = file_path(file)
+    return os.path.realpath(path) if path else f"file {file}"
 
 
 _FETCH_FAILURES: dict[int, tuple[int, str]] = {}  # thread -> (byte, why) of its last failed fetch
@@ -55,13 +63,21 @@ def error_detail(rc: int) -> str:
     what = _MESSAGES.get(rc, f"error {rc}")
     if e.code != rc:
         return what
-    if rc == lib.MMFS_E_IO and e.fd < 0:  # a fetched source: why, as its fetch noted it
+    if rc == lib.MMFS_E_IO and e.file <= 0:  # a fetched source: why, as its fetch noted it
         byte, why = _FETCH_FAILURES.pop(threading.get_ident(), (-1, ""))
         return why if byte == e.byte and why else f"bytes at {e.byte} of a fetched source could not be read"
+    if rc == lib.MMFS_E_IO and e.value in (errno.EMFILE, errno.ENFILE):
+        return (f"opening {_file_of(e.file)} failed: {os.strerror(e.value)} (the open-file limit, "
+                f"`ulimit -n`, is {open_file_limit()}); raise it, e.g. `ulimit -n {2 * open_file_limit()}`, "
+                "and mount again")
     if rc == lib.MMFS_E_IO:
         why = os.strerror(e.value) if e.value else "it ends before that byte"
-        return (f"reading {_file_of(e.fd)} at byte {e.byte} failed ({why}); the file changed "
+        return (f"reading {_file_of(e.file)} at byte {e.byte} failed ({why}); the file changed "
                 "since the mount? re-run `mmfs mount` (the data must not change while mounted)")
+    if rc == lib.MMFS_E_CHANGED:
+        return (f"{_file_of(e.file)} changed since the mount (its size, modification time or inode is not "
+                "what the indices were made from: replaced or rewritten); re-run `mmfs mount` (the data "
+                "must not change while mounted)")
     if rc == lib.MMFS_E_BIN_RANGE:
         return (f"sequence {e.seq} ({e.value} tokens) points to byte {e.byte}, beyond the end "
                 "of its token file; the .idx does not match the .bin: run `mmfs verify`")
@@ -73,6 +89,11 @@ def error_detail(rc: int) -> str:
         detail = f" (sequence {e.seq})" if e.seq >= 0 else f" (entry {e.value})"
         return f"{what}{detail}; the index cache or the .idx is corrupt: delete the cache and remount"
     return what
+
+
+def open_file_limit() -> int:
+    """This process's soft limit on open files (`ulimit -n`)."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def check(rc: int, what: str) -> int:

@@ -19,12 +19,13 @@
 #define MMFS_E_IO -9           /* reading a file failed (short: it shrank) */
 #define MMFS_E_NOMEM -10       /* an allocation failed */
 #define MMFS_E_UNSUPPORTED -11 /* input outside what this reader knows (a caller falls back) */
+/* -12, MMFS_E_CHANGED: see mmfs_files.h */
 
 /* What the last failed read of this thread was doing, for a message that
- * names the file, the sequence and the byte offset (fd -1 / seq -1: none). */
+ * names the file, the sequence and the byte offset (file 0 / seq -1: none). */
 typedef struct {
     int32_t code;        /* the MMFS_E_* code */
-    int32_t fd;          /* the file a pread failed on */
+    int64_t file;        /* the local file (its id in mmfs_files.h) a read failed on */
     int64_t byte;        /* its byte offset, or the bad pointer */
     int64_t seq;         /* the sequence concerned */
     int64_t value;       /* the bad length or entry */
@@ -68,17 +69,17 @@ typedef int64_t (*mmfs_fetch_fn)(void *ctx, int64_t pos, int64_t n, uint8_t *to)
 
 /* An array the reader indexes. Its source kind:
  *   in memory      data != NULL
- *   a local file   data NULL, fd >= 0: read with pread(2), so that a long-running
+ *   a local file   data NULL, fetch NULL: file is its id in the open-files table
+ *                  (mmfs_files.h), read with pread(2), so that a long-running
  *                  reader's resident memory does not grow with what its reads touch
  *                  (the bytes stay in the page cache, not in its page tables)
- *   fetched        data NULL, fd < 0, fetch != NULL: bytes come from fetch(fetch_ctx)
+ *   fetched        data NULL, fetch != NULL: bytes come from fetch(fetch_ctx)
  * Index entries of the last two kinds go through a small block cache per thread.
  * Readers never look at the kind: they call array_bytes/array_entries. */
 typedef struct {
     const uint8_t *data;  /* the elements in memory, or NULL */
-    int32_t fd;
-    int64_t file;         /* with fd or fetch: unique to this opening of the source in the
-                           * process (keys the block cache: an fd number can be reused) */
+    int64_t file;         /* a local file's id; fetched: unique to the source in the process
+                           * (either keys the block cache) */
     int64_t offset;       /* byte offset of element 0 in the file or fetched source */
     int64_t count;        /* number of elements */
     int32_t dtype;        /* MMIDIDX code of the elements (1..9; 9 = uint32) */

@@ -6,6 +6,7 @@
  * every FUSE READ).
  */
 #include "mmfs_native.h"
+#include "mmfs_files.h"
 
 #include <errno.h>
 #include <math.h>
@@ -32,8 +33,8 @@ void mmfs_last_error(mmfs_error *out) {
 }
 
 /* Record what failed (for the message) and return its code. */
-static int fail(int code, int32_t fd, int64_t byte, int64_t seq, int64_t value) {
-    last_error = (mmfs_error){code, fd, byte, seq, value};
+static int fail(int code, int64_t file, int64_t byte, int64_t seq, int64_t value) {
+    last_error = (mmfs_error){code, file, byte, seq, value};
     return code;
 }
 
@@ -62,18 +63,26 @@ static int64_t load_as_int(const uint8_t *p, int32_t code, int64_t i) {
     }
 }
 
-/* pread exactly n bytes at pos, retrying short reads and EINTR. A file that
- * ends early (it shrank under the reader) is MMFS_E_IO, never a crash. */
-static int pread_all(int fd, uint8_t *to, int64_t n, int64_t pos) {
+/* pread exactly n bytes at pos of local file `file`, retrying short reads and
+ * EINTR. A file that ends early (it shrank under the reader) is MMFS_E_IO,
+ * never a crash; one that is not the file registered, MMFS_E_CHANGED. */
+static int pread_all(int64_t file, uint8_t *to, int64_t n, int64_t pos) {
+    int fd = mmfs_file_acquire(file);
+    if (fd < 0) return fail(fd, file, pos, -1, fd == MMFS_E_IO ? errno : 0);
+    int rc = MMFS_OK;
     while (n > 0) {
         ssize_t got = pread(fd, to, (size_t)n, (off_t)pos);
         if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) return fail(MMFS_E_IO, fd, pos, -1, got < 0 ? errno : 0);
+        if (got <= 0) {
+            rc = fail(MMFS_E_IO, file, pos, -1, got < 0 ? errno : 0);
+            break;
+        }
         to += got;
         n -= got;
         pos += got;
     }
-    return MMFS_OK;
+    mmfs_file_release(file);
+    return rc;
 }
 
 /* Index entries read with pread go through a small block cache per thread:
@@ -85,7 +94,7 @@ static int pread_all(int fd, uint8_t *to, int64_t n, int64_t pos) {
 #define BLOCKS 64
 
 typedef struct {
-    int64_t file;     /* the mmfs_array's `file`; 0: empty */
+    int64_t key;      /* block_key() of the array; 0: empty */
     int64_t number;   /* block number in the file */
     int32_t length;   /* bytes valid (less at the end of the file) */
     uint8_t data[BLOCK_SIZE];
@@ -93,25 +102,34 @@ typedef struct {
 
 static __thread block *blocks;
 
+/* Local files and fetched sources number their `file` apart: the key tells them apart. */
+static int64_t block_key(const mmfs_array *a) {
+    return 2 * a->file + (a->fetch != NULL);
+}
+
 /* n bytes at byte pos of a's file or fetched source (not of its elements). */
 static int source_read(const mmfs_array *a, uint8_t *to, int64_t n, int64_t pos) {
-    if (a->fd >= 0 || !a->fetch) return pread_all(a->fd, to, n, pos);
-    if (a->fetch(a->fetch_ctx, pos, n, to) != n) return fail(MMFS_E_IO, -1, pos, -1, 0);
+    if (!a->fetch) return pread_all(a->file, to, n, pos);
+    if (a->fetch(a->fetch_ctx, pos, n, to) != n) return fail(MMFS_E_IO, 0, pos, -1, 0);
     return MMFS_OK;
 }
 
 /* Up to BLOCK_SIZE bytes at pos of a's source into to: how many there are (fewer at
  * its end), or a negative error. */
 static int64_t read_block(const mmfs_array *a, uint8_t *to, int64_t pos) {
-    if (a->fd < 0 && a->fetch) {
+    if (a->fetch) {
         int64_t got = a->fetch(a->fetch_ctx, pos, BLOCK_SIZE, to);
-        return got < 0 ? fail(MMFS_E_IO, -1, pos, -1, 0) : got;
+        return got < 0 ? fail(MMFS_E_IO, 0, pos, -1, 0) : got;
     }
+    int fd = mmfs_file_acquire(a->file);
+    if (fd < 0) return fail(fd, a->file, pos, -1, fd == MMFS_E_IO ? errno : 0);
     ssize_t got;
     do {
-        got = pread(a->fd, to, BLOCK_SIZE, (off_t)pos);
+        got = pread(fd, to, BLOCK_SIZE, (off_t)pos);
     } while (got < 0 && errno == EINTR);
-    return got < 0 ? fail(MMFS_E_IO, a->fd, pos, -1, errno) : got;
+    int64_t rc = got < 0 ? fail(MMFS_E_IO, a->file, pos, -1, errno) : got;
+    mmfs_file_release(a->file);
+    return rc;
 }
 
 /* n bytes of a's source at pos (within one block) from the block cache. */
@@ -121,17 +139,18 @@ static int cached_read(const mmfs_array *a, uint8_t *to, int64_t n, int64_t pos)
         blocks = calloc(BLOCKS, sizeof(block));
         if (!blocks) return source_read(a, to, n, pos);
     }
-    int64_t number = pos / BLOCK_SIZE, at = pos - number * BLOCK_SIZE;
-    block *b = &blocks[(uint64_t)(number * 31 + a->file) % BLOCKS];
-    if (b->file != a->file || b->number != number) {
-        b->file = 0;
+    int64_t number = pos / BLOCK_SIZE, at = pos - number * BLOCK_SIZE, key = block_key(a);
+    block *b = &blocks[(uint64_t)(number * 31 + key) % BLOCKS];
+    if (b->key != key || b->number != number) {
+        b->key = 0;
         int64_t got = read_block(a, b->data, number * BLOCK_SIZE);
         if (got < 0) return (int)got;
-        b->file = a->file;
+        b->key = key;
         b->number = number;
         b->length = (int32_t)got;
     }
-    if (at + n > b->length) return fail(MMFS_E_IO, a->fd, pos, -1, 0); /* past the end */
+    if (at + n > b->length) /* past the end */
+        return fail(MMFS_E_IO, a->fetch ? 0 : a->file, pos, -1, 0);
     memcpy(to, b->data + at, (size_t)n);
     return MMFS_OK;
 }
@@ -140,7 +159,7 @@ static int cached_read(const mmfs_array *a, uint8_t *to, int64_t n, int64_t pos)
 static int array_bytes(const mmfs_array *a, int64_t first, int64_t n, uint8_t *to) {
     int item = itemsize_of(a->dtype);
     if (!item || first < 0 || n < 0 || first > a->count || n > a->count - first)
-        return fail(MMFS_E_INDEX_RANGE, a->fd, first, -1, a->count);
+        return fail(MMFS_E_INDEX_RANGE, 0, first, -1, a->count);
     if (a->data) {
         memcpy(to, a->data + first * item, (size_t)(n * item));
         return MMFS_OK;
@@ -247,9 +266,9 @@ static int sequence_length(const mmfs_source *src, int64_t seq, int64_t *length)
     int rc;
     if (!itemsize_of(src->dtype) || src->bytes.dtype != 1) return MMFS_E_ARG;
     if (seq < 0 || seq >= src->lengths.count || seq >= src->pointers.count)
-        return fail(MMFS_E_DOC_RANGE, -1, -1, seq, seq);
+        return fail(MMFS_E_DOC_RANGE, 0, -1, seq, seq);
     if ((rc = array_int(&src->lengths, seq, length)) < 0) return rc;
-    if (*length < 0) return fail(MMFS_E_NEG_LENGTH, -1, -1, seq, *length);
+    if (*length < 0) return fail(MMFS_E_NEG_LENGTH, 0, -1, seq, *length);
     return MMFS_OK;
 }
 
@@ -260,7 +279,7 @@ static int sequence_byte(const mmfs_source *src, int64_t seq, int64_t length, in
     int rc = array_int(&src->pointers, seq, byte);
     if (rc < 0) return rc;
     if (*byte < 0 || *byte > src->bytes.count || (src->bytes.count - *byte) / item < length)
-        return fail(MMFS_E_BIN_RANGE, -1, *byte, seq, length);
+        return fail(MMFS_E_BIN_RANGE, 0, *byte, seq, length);
     return MMFS_OK;
 }
 
@@ -305,7 +324,7 @@ static int walk_sample(const mmfs_gpt *g, int64_t k, int64_t t0, int64_t t1,
     }
     int64_t beg = rows[0], beg_off = rows[1], end = rows[2], end_off = rows[3];
     if (beg < 0 || end < beg || end >= g->doc_index.count || beg_off < 0 || end_off < 0)
-        return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, k);
+        return fail(MMFS_E_INDEX_RANGE, 0, -1, -1, k);
     int64_t seqs[MAX_RUN];
     for (int64_t pos = first; pos <= end && at < t1; ++pos) {
         int64_t run = (pos - first) % MAX_RUN;
@@ -318,7 +337,7 @@ static int walk_sample(const mmfs_gpt *g, int64_t k, int64_t t0, int64_t t1,
         int64_t offset = pos == beg ? beg_off : 0;
         int64_t length = pos == end ? end_off + g->extra - offset : seq_len - offset;
         if (length < 0 || offset + length > seq_len)
-            return fail(MMFS_E_INDEX_RANGE, -1, -1, seq, offset + length);
+            return fail(MMFS_E_INDEX_RANGE, 0, -1, seq, offset + length);
         if (at + length > t0 || (length == 0 && at >= t0)) { /* empty pieces count too */
             if ((rc = sequence_byte(src, seq, offset + length, &byte)) < 0) return rc;
             byte += offset * itemsize_of(src->dtype);
@@ -369,7 +388,7 @@ static int64_t sample_window(const mmfs_gpt *g, int64_t k, int64_t sample_tokens
     read_ctx ctx = {g->source, out, out_dtype, t0, t1, 0};
     int rc = walk_sample(g, k, t0, t1, copy_piece, &ctx);
     if (rc < 0) return rc;
-    if (ctx.real > sample_tokens) return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, ctx.real);
+    if (ctx.real > sample_tokens) return fail(MMFS_E_INDEX_RANGE, 0, -1, -1, ctx.real);
     for (int64_t i = ctx.real > t0 ? ctx.real : t0; i < t1; ++i)
         store_value(out, out_dtype, i - t0, pad, (double)pad, 0);
     return ctx.real;
@@ -385,7 +404,7 @@ static int locate_beyond(const mmfs_split *s, int64_t at, int64_t *d, int64_t *j
     }
     const mmfs_sample_run *r = &s->beyond[lo];
     if (at < r->first || at - r->first >= r->count || r->sample < 0)
-        return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, s->num_samples + at);
+        return fail(MMFS_E_INDEX_RANGE, 0, -1, -1, s->num_samples + at);
     *d = r->gpt;
     *j = r->sample + (at - r->first);
     return MMFS_OK;
@@ -398,16 +417,16 @@ int mmfs_locate(const mmfs_split *s, int64_t i, int32_t *gpt, int64_t *k) {
     int rc;
     if (i >= s->num_samples) {
         if ((rc = locate_beyond(s, i - s->num_samples, &d, &j)) < 0) return rc;
-        if (d < 0 || d >= s->num_gpts) return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, d);
+        if (d < 0 || d >= s->num_gpts) return fail(MMFS_E_INDEX_RANGE, 0, -1, -1, d);
     } else if (s->dataset_index.count > 0) {
         if ((rc = array_int(&s->dataset_index, i, &d)) < 0) return rc;
         if ((rc = array_int(&s->dataset_sample_index, i, &j)) < 0) return rc;
-        if (d < 0 || d >= s->num_gpts) return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, d);
+        if (d < 0 || d >= s->num_gpts) return fail(MMFS_E_INDEX_RANGE, 0, -1, -1, d);
     }
     const mmfs_gpt *g = &s->gpts[d];
     if ((rc = array_int(&g->shuffle_index, j, &shuffled)) < 0) return rc;
     if (shuffled < 0 || shuffled >= g->sample_index.count / 2 - 1)
-        return fail(MMFS_E_INDEX_RANGE, -1, -1, -1, shuffled);
+        return fail(MMFS_E_INDEX_RANGE, 0, -1, -1, shuffled);
     *gpt = (int32_t)d;
     *k = shuffled;
     return MMFS_OK;
@@ -518,7 +537,7 @@ int mmfs_microbatch_tokens(const void *microbatches, int64_t file, int64_t first
         int64_t b = t / per, lo = t - b * per;
         int64_t hi = first + count - b * per < per ? first + count - b * per : per;
         if (ids[b] < 0 || ids[b] - m->split->num_samples >= m->split->beyond_samples) {
-            rc = fail(MMFS_E_INDEX_RANGE, -1, -1, -1, ids[b]);
+            rc = fail(MMFS_E_INDEX_RANGE, 0, -1, -1, ids[b]);
             break;
         }
         int64_t got = split_window(m->split, ids[b], lo, hi, out + (t - first) * item);
@@ -590,7 +609,7 @@ static int document_bounds(const mmfs_documents *docs, int64_t d, int64_t *beg, 
     int rc = array_ints(&docs->bounds, d, 2, two);
     if (rc < 0) return rc;
     if (two[0] < 0 || two[1] < two[0] || two[1] > docs->source->lengths.count)
-        return fail(MMFS_E_DOC_RANGE, -1, -1, two[0], two[1]);
+        return fail(MMFS_E_DOC_RANGE, 0, -1, two[0], two[1]);
     *beg = two[0];
     *end = two[1];
     return MMFS_OK;

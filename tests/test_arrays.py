@@ -53,7 +53,7 @@ def test_placer_maps_the_smallest_files_up_to_the_limit(tmp_path):
     placer.place(ffi.new("mmfs_array *"), np.arange(7))  # in memory: not the placer's to move
     placer.finish()
     assert structs["small"].data != ffi.NULL and structs["medium"].data != ffi.NULL
-    assert structs["large"].data == ffi.NULL and structs["large"].fd >= 0
+    assert structs["large"].data == ffi.NULL and structs["large"].file > 0
     assert (placer.mapped_bytes, placer.pread_bytes, placer.memory_bytes) == (8800, 80_000, 56)
     placer.close()
 
@@ -131,10 +131,10 @@ def test_load_copies_cached_arrays_and_names_a_file_that_shrank(tmp_path):
     placer.place(kept, read_npy_header(str(tmp_path / "kept.npy")))
     placer.place(shrinks, read_npy_header(str(tmp_path / "shrinks.npy")))
     placer.finish()
-    assert kept.fd >= 0 and kept.data == ffi.NULL  # read through its file until load()
+    assert kept.file > 0 and kept.data == ffi.NULL  # read through its file until load()
     with open(tmp_path / "shrinks.npy", "r+b") as f:
         f.truncate(1000)
-    with pytest.raises(FormatError, match="shrinks.npy: shorter than when it was opened"):
+    with pytest.raises(FormatError, match="shrinks.npy: changed since it was read"):
         placer.load()
     placer.close()
 

@@ -62,7 +62,7 @@ def _source(tokens: np.ndarray, lengths: np.ndarray):
     src = ffi.new("mmfs_source *")
     for c, arr, code in ((src.bytes, raw, 1), (src.lengths, lengths, native_code(lengths.dtype)),
                          (src.pointers, pointers, native_code(pointers.dtype))):
-        c.data, c.fd, c.count, c.dtype = ffi.cast("const uint8_t *", arr.ctypes.data), -1, arr.size, code
+        c.data, c.count, c.dtype = ffi.cast("const uint8_t *", arr.ctypes.data), arr.size, code
     src.dtype = native_code(tokens.dtype)
     return src, (raw, pointers, lengths)
 

@@ -1,5 +1,7 @@
 """The header file of a cache folder holding many indices of one config: a re-open
-opens it and no other cache file, and anything changed under it is noticed."""
+opens it and no other cache file, and anything changed under it is noticed. (A
+re-open of a config recorded whole reads the record instead, test_resolved.py;
+here the record is removed before each re-open.)"""
 
 import json
 import os
@@ -28,6 +30,8 @@ def hook(event, args):
         opened.append(os.path.basename(args[0]))
 sys.addaudithook(hook)
 from mmfs.megatron import open_corpus
+from mmfs.megatron.cache import resolved
+resolved.forget(sys.argv[1])  # the header file, not the record of the config (test_resolved.py)
 corpus = open_corpus(sys.argv[1], progress=False)
 opened_by_open = list(opened)
 samples = {n: s.read(3).hex() for n, s in corpus.splits.items()}
@@ -176,6 +180,8 @@ def shuffle_index_of_another_width(indices):
 ALL_SAMPLES = """
 import hashlib, json, sys
 from mmfs.megatron import open_corpus
+from mmfs.megatron.cache import resolved
+resolved.forget(sys.argv[1])
 corpus = open_corpus(sys.argv[1], progress=False, map_limit_mb=int(sys.argv[2]) or None)
 print(json.dumps({n: hashlib.sha256(b"".join(s.read(i) for i in range(len(s)))).hexdigest()
                   for n, s in corpus.splits.items()}))

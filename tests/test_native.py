@@ -230,7 +230,7 @@ def read_unshuffled(g, k: int, tokens: int, out) -> int:
     of g alone whose shuffle index is the identity."""
     n = max(k, 0) + 1
     identity = np.arange(n, dtype=np.int64)
-    g.shuffle_index = dict(data=ffi.cast("uint8_t *", identity.ctypes.data), fd=-1, count=n, dtype=5)
+    g.shuffle_index = dict(data=ffi.cast("uint8_t *", identity.ctypes.data), count=n, dtype=5)
     split = ffi.new("mmfs_split *", dict(gpts=g, num_gpts=1, num_samples=n, sample_tokens=tokens,
                                          pad=-1, out_dtype=8))
     return lib.mmfs_read_split_sample(split, k, out)
@@ -242,7 +242,7 @@ def test_hostile_sample_reads_fail_cleanly():
     lengths = np.array([10, 10], dtype=np.int32)
     pointers = np.array([0, 20], dtype=np.int64)
     def array(a, code):
-        return dict(data=ffi.cast("uint8_t *", a.ctypes.data), fd=-1, count=a.size, dtype=code)
+        return dict(data=ffi.cast("uint8_t *", a.ctypes.data), count=a.size, dtype=code)
 
     src = ffi.new("mmfs_source *", dict(bytes=array(data, 1), dtype=8, lengths=array(lengths, 4),
                                         pointers=array(pointers, 5)))

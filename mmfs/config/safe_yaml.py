@@ -6,6 +6,7 @@ the line or the key; nothing here can raise anything else.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import reprlib
 from typing import Any
@@ -228,6 +229,11 @@ def check_plain(value: Any, path: str) -> None:
 
 def read_yaml(path: str) -> Any:
     """The config file's YAML document, size- and type-checked (plain data only)."""
+    return read_yaml_source(path)[0]
+
+
+def read_yaml_source(path: str) -> tuple[Any, str]:
+    """read_yaml's document and the sha256 of the bytes it was parsed from."""
     problem = file_problem(path)
     if problem is not None:
         raise ConfigError(f"{path}: {problem}; give a YAML config file")
@@ -262,7 +268,7 @@ def read_yaml(path: str) -> Any:
         if loader is not None:
             loader.dispose()
     check_plain(raw, path)
-    return raw
+    return raw, hashlib.sha256(data).hexdigest()
 
 
-__all__ = ["read_yaml", "check_plain", "show", "key_path", "ConfigLoader", "MAX_CONFIG_BYTES"]
+__all__ = ["read_yaml", "read_yaml_source", "check_plain", "show", "key_path", "ConfigLoader", "MAX_CONFIG_BYTES"]

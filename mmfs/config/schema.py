@@ -26,7 +26,7 @@ from mmfs.config.blend import (
 )
 from mmfs.config.checker import Checker
 from mmfs.config.phases import Phases, first_phase_data, parse_phases
-from mmfs.config.safe_yaml import read_yaml, show
+from mmfs.config.safe_yaml import read_yaml_source, show
 from mmfs.config.storage import parse_storage
 from mmfs.config.tokenizer import parse_tokenizer
 from mmfs.config.training import TrainingConfig, parse_training, samples_with_training, with_schedule
@@ -83,6 +83,9 @@ class Config:
     storage: StorageSettings = field(default_factory=StorageSettings)  # the `storage:` block
     tokenizer: TokenizerSpec | None = None  # `tokenizer.type` and its files, when given
     phases: Phases | None = None  # `phases:` (config/phases.py); None: one blend for the whole run
+    # (the YAML document as parsed, the sha256 of the file's bytes): what a record of
+    # the config keeps (megatron/cache/resolved.py)
+    source: tuple[Any, str] | None = field(default=None, compare=False, repr=False)
 
     def samples_key(self, split: str) -> str:
         """What to change to change the split's sample count."""
@@ -174,10 +177,16 @@ def _check_weighted_sizes(blend: Blend | None, blend_per_split: dict | None,
             )
 
 
-def load_config(path: str) -> Config:
-    """Read and check a YAML config; raises ConfigError naming the file and key."""
+def load_config(path: str, known: tuple[Any, str, dict[str, str]] | None = None) -> Config:
+    """Read and check a YAML config; raises ConfigError naming the file and key.
+
+    known: (the YAML as parsed, the sha256 of its bytes, {dataset file: its name})
+    from a record of this very config and datasets (megatron/cache/resolved.py):
+    the YAML is not parsed again and the datasets are not looked at again."""
     checker = Checker(path)
-    raw = read_yaml(path)
+    document = read_yaml_source(path) if known is None else known[:2]
+    raw = document[0]
+    sound = None if known is None else dict(known[2])  # parse_blend's `checked`
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a YAML mapping of keys (datasets, split, ...)")
     checker.unknown_keys(raw, TOP_LEVEL_KEYS, "")
@@ -208,14 +217,15 @@ def load_config(path: str) -> Config:
             raise checker.fail("blend_per_split", "expected a mapping {train: [...], valid: [...], test: [...]}")
         checker.unknown_keys(value, set(SPLITS), "blend_per_split.")
         blend_per_split = {
-            s: None if value.get(s) is None else parse_blend(value[s], checker, f"blend_per_split.{s}", base_dir)
+            s: None if value.get(s) is None else parse_blend(value[s], checker, f"blend_per_split.{s}", base_dir,
+                                                             sound)
             for s in SPLITS
         }
         if not any(blend_per_split.values()):
             raise checker.fail("blend_per_split", "every split is empty; give at least one a blend")
         check_names([b for b in blend_per_split.values() if b], checker, "blend_per_split")
     else:
-        blend = parse_blend(raw[source], checker, label, base_dir)
+        blend = parse_blend(raw[source], checker, label, base_dir, sound)
         check_names([blend], checker, label)
         split_value = raw.get("split", "969,30,1")
         if isinstance(split_value, (int, float)) and not isinstance(split_value, bool):
@@ -286,4 +296,5 @@ def load_config(path: str) -> Config:
         storage=storage,
         tokenizer=tokenizer.spec,
         phases=phases,
+        source=document,
     )

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mmfs.errors import FormatError
+from mmfs.errors import FormatError, out_of_descriptors
 from mmfs.formats import indexed, packed
 from mmfs.formats.base import SequenceDataset
 from mmfs.formats.indexed import IndexedDataset
@@ -51,7 +51,9 @@ def _head(path: str) -> tuple[bytes, int] | None:
         source.read_into(0, head)
     except StorageUnavailable:
         raise
-    except (OSError, StorageError):
+    except (OSError, StorageError) as exc:
+        if out_of_descriptors(exc):  # not "no dataset here": no file could be opened
+            raise
         return None
     return bytes(head), source.size
 

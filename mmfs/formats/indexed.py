@@ -27,6 +27,7 @@ from mmfs.errors import FormatError
 from mmfs.formats.base import ArraySpec, SequenceDataset
 from mmfs.formats.dtypes import CODE_TO_DTYPE
 from mmfs.storage import StorageError, open_source
+from mmfs.storage.file import FileSource
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -62,10 +63,24 @@ class IndexedDataset(SequenceDataset):
 
     format_name = "megatron-indexed"
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, known: tuple | None = None) -> None:
+        """known: (idx stat, bin stat, header) of files a re-open found unchanged since
+        a record of them (`facts`): the dataset is described from it, nothing read."""
         self.path_prefix = prefix_of(path)
         self.idx_path = self.path_prefix + ".idx"
         self.bin_path = self.path_prefix + ".bin"
+        if known is not None:
+            idx_stat, bin_stat, (code, n, doc_count, *tokens) = known
+            base = HEADER_SIZE + 12 * n + 8 * doc_count
+            if code not in CODE_TO_DTYPE or doc_count < 1 or idx_stat.st_size not in (base, base + n):
+                raise FormatError(f"{self.idx_path}: the record of it does not fit its size; run the command again")
+            self.idx, self.bin = FileSource.known(self.idx_path, idx_stat), FileSource.known(self.bin_path, bin_stat)
+            self._describe(code, n, doc_count)
+            self.bin_size = self.bin.size
+            self.data_section = (0, self.bin_size)
+            if tokens:
+                self.num_tokens = int(tokens[0])  # (the cached property, known)
+            return
         try:
             self.idx = open_source(self.idx_path, whole=True)  # read often: a local copy
             self.bin = open_source(self.bin_path)
@@ -119,6 +134,17 @@ class IndexedDataset(SequenceDataset):
                 f"({n} sequences, {doc_count} document indices need {base} bytes, "
                 f"or {base + n} with multimodal modes); the file is truncated or corrupt"
             )
+        self._describe(code, n, doc_count)
+
+    def facts(self) -> tuple[int, ...]:
+        """What a re-open needs to describe the dataset without reading it (see __init__'s
+        known), and its token count (mmfs.json's, which reads every sequence length)."""
+        return self.dtype_code, self.num_sequences, self.num_documents + 1, self.num_tokens
+
+    def _describe(self, code: int, n: int, doc_count: int) -> None:
+        """The arrays of an index of `n` sequences and `doc_count` document indices, as checked."""
+        idx_size = self.idx.size
+        base = HEADER_SIZE + 12 * n + 8 * doc_count
         self.dtype_code = code
         self.dtype = CODE_TO_DTYPE[code]
         self.num_sequences = n

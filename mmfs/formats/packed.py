@@ -35,6 +35,7 @@ from mmfs.formats.dtypes import native_code
 from mmfs.native import ffi, lib
 from mmfs.storage import StorageError, copy_path, open_source
 from mmfs.storage.file import FileSource
+from mmfs.storage.localfiles import map_npy
 from mmfs.storage.memory import MemorySource
 
 HEADER = struct.Struct("<QI")  # data-section length, token size
@@ -174,7 +175,7 @@ class PackedDataset(SequenceDataset):
         arrays = []
         for path, dtype in zip(self._cache_paths(), ("int64", "int32")):
             try:
-                arrays.append(np.load(path, mmap_mode="r", allow_pickle=False))
+                arrays.append(map_npy(path))
             except (OSError, ValueError):
                 return None
             if arrays[-1].dtype != np.dtype(dtype) or arrays[-1].ndim != 1:
@@ -182,8 +183,7 @@ class PackedDataset(SequenceDataset):
         pointers, lengths = arrays
         if pointers.shape != lengths.shape:
             return None
-        # plain ndarray views of the maps: np.memmap's __getitem__ is slow
-        return pointers.view(np.ndarray), lengths.view(np.ndarray)
+        return pointers, lengths
 
     def _save_cached_index(self, pointers: np.ndarray, lengths: np.ndarray) -> None:
         """Best effort: a folder that cannot take it only costs the next open a parse."""

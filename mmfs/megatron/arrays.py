@@ -9,7 +9,11 @@ daemon, `ArrayPlacer` copies the smallest file-backed arrays into its own
 memory, up to a limit in total, and has the C core read the rest with pread(2)
 from the file: the same bytes, served from the page cache, never mapped; a
 file that shrinks then gives a short read, which the C core reports as an
-error naming the file, never a crash.
+error naming the file, never a crash. The files read with pread are opened on
+first use and closed when idle (the C core's open-files table,
+storage/localfiles.py), so ten thousand datasets cost a few hundred
+descriptors, not eighty thousand; each is checked to be the file the indices
+were made from whenever it is opened again.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from mmfs.errors import FormatError, MmfsError
 from mmfs.formats.dtypes import native_code
 from mmfs.megatron.cache.npyfile import HEAD, CachedArray
 from mmfs.native import ffi, lib, note_fetch_failure
+from mmfs.storage import localfiles
 from mmfs.storage.file import FileSource, read_fd_into
 from mmfs.storage.memory import MemorySource
 
@@ -84,9 +89,11 @@ _FETCH = ffi.callback("mmfs_fetch_fn", _fetch, error=lib.MMFS_E_IO)
 
 def file_region(array: np.ndarray) -> tuple[str, int] | None:
     """(file name, byte offset) of the bytes of a C-contiguous array that views a
-    np.memmap (through any chain of views), or None for an array in memory."""
-    if not array.flags.c_contiguous or array.size == 0:
-        return None
+    file map (localfiles.FileMap, or a np.memmap) through any chain of views, or
+    None for an array in memory."""
+    region = localfiles.mapped_region(array)
+    if region is not None or not array.flags.c_contiguous or array.size == 0:
+        return region
     node: Any = array
     for _ in range(64):
         if isinstance(node, np.memmap) and isinstance(getattr(node, "_mmap", None), mmap.mmap):
@@ -111,7 +118,7 @@ def native_array(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-_openings = itertools.count(1)  # one per file a placer opens: keys the C block cache
+_fetched = itertools.count(1)  # one per fetched source a placer places: keys the C block cache
 
 
 class ArrayPlacer:
@@ -125,8 +132,8 @@ class ArrayPlacer:
     def __init__(self, map_limit: int | None = None) -> None:
         self.map_limit = map_limit
         self._placed: list[tuple[Any, np.ndarray, tuple[str, int] | None]] = []
-        self._fds: dict[str, int] = {}
-        self._openings: dict[str, int] = {}  # path -> its `file` number (see mmfs_array)
+        self._files: dict[str, int] = {}  # path -> its id in the open-files table
+        self._pread_files: set[int] = set()  # the ids some array is read from with pread
         self._within: list[tuple[tuple[str, int], np.ndarray]] = []  # kept within the limit
         self._by_region: dict[tuple[str, int], list[Any]] = {}  # structs placed on each file region
         self._copies: list[np.ndarray] = []  # what load() made
@@ -142,7 +149,7 @@ class ArrayPlacer:
         them: a region of a local file (unmapped), memory, or a fetched array."""
         dtype = np.dtype(dtype)
         if isinstance(source, FileSource):
-            return CachedArray(source.path, dtype, (count,), offset)
+            return CachedArray(source.path, dtype, (count,), offset, file=source.file_identity)
         if isinstance(source, MemorySource):
             raw = source.map()[offset : offset + count * dtype.itemsize]
             return raw.view(dtype)
@@ -151,11 +158,11 @@ class ArrayPlacer:
     def _place_fetched(self, c: Any, array: FetchedArray) -> FetchedArray:
         handle, file = self._handles.get(id(array.source), (None, 0))
         if handle is None:
-            handle, file = ffi.new_handle(array.source), next(_openings)
+            handle, file = ffi.new_handle(array.source), next(_fetched)
             self._handles[id(array.source)] = (handle, file)
         c.dtype = native_code(array.dtype)
         c.count = array.count
-        c.data, c.fd, c.file, c.offset = ffi.NULL, -1, file, array.offset
+        c.data, c.file, c.offset = ffi.NULL, file, array.offset
         c.fetch, c.fetch_ctx = _FETCH, handle
         self.fetched_bytes += array.nbytes
         return array
@@ -169,12 +176,12 @@ class ArrayPlacer:
         core preads it. Without a limit it is mapped here."""
         if isinstance(array, FetchedArray):
             return self._place_fetched(c, array)
+        c.file = 0
+        c.offset = 0
         if isinstance(array, CachedArray):
             if self.map_limit is not None and array.dtype.isnative and array.size:
                 c.dtype = native_code(array.dtype)
                 c.count = array.size
-                c.fd = -1
-                c.offset = 0
                 c.data = ffi.NULL  # until load(), or for pread
                 self._placed.append((c, array, (array.path, array.offset)))
                 return array
@@ -182,14 +189,21 @@ class ArrayPlacer:
         array = native_array(array)
         c.dtype = native_code(array.dtype)
         c.count = array.size
-        c.fd = -1
-        c.offset = 0
         c.data = ffi.cast("const uint8_t *", array.ctypes.data) if array.size else ffi.NULL
         region = file_region(array)
         if region is None:
             self.memory_bytes += array.nbytes
         self._placed.append((c, array, region))
         return array
+
+    def _file(self, path: str, array: Any) -> int:
+        """The open-files id of `path` (registered on first use, with the identity
+        the array was made from when it is known)."""
+        file = self._files.get(path)
+        if file is None:
+            identity = array.file if isinstance(array, CachedArray) else None
+            file = self._files[path] = localfiles.register(path, identity)
+        return file
 
     def finish(self) -> None:
         """Apply the map limit (once every array is placed)."""
@@ -199,6 +213,7 @@ class ArrayPlacer:
             if region:
                 by_region.setdefault(region, []).append(c)
         seen: set[tuple[str, int]] = set()
+        unchecked: list[tuple[int, CachedArray]] = []  # known from a header file or record
         for nbytes, i in files:
             c, array, region = self._placed[i]
             if region in seen:  # the same bytes placed twice: decided already
@@ -217,28 +232,33 @@ class ArrayPlacer:
                 self.pread_bytes += nbytes
             # Read with pread (an unmapped CachedArray within the limit, until load()).
             path, offset = region
-            fd = self._fds.get(path)
-            if fd is None:
-                fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                self._openings[path] = next(_openings)
+            file = self._file(path, array)
+            if not within:
+                self._pread_files.add(file)
             if isinstance(array, CachedArray) and array.known_from is not None:
-                array.vouched(os.pread(fd, HEAD, 0))  # the first page: read anyway, soon
+                unchecked.append((file, array))
             for c2 in by_region[region]:
-                c2.data, c2.fd, c2.file, c2.offset = ffi.NULL, fd, self._openings[path], offset
+                c2.data, c2.file, c2.offset = ffi.NULL, file, offset
+        _check_heads(unchecked)
 
     def load(self) -> None:
         """Replace the maps of the arrays kept within the limit by copies read
         from their files, in this process's memory. Call it in the process that
         serves reads (the daemon, after the fork): a copy never faults, however
-        its file changes later."""
+        its file changes later. Files then read by no array are given back."""
         for region, array in self._within:
             path, offset = region
-            fd = self._fds.get(path)
-            if fd is None:  # a mapped array: its file is not open here
+            file = self._files.get(path)
+            if file is None:  # a mapped array: its file is not in the table
                 copy = np.fromfile(path, dtype=array.dtype, count=array.size, offset=offset)
-            else:  # through the open file: thousands of small arrays, one pread each
+            else:  # through the table: thousands of small arrays, one pread each
                 copy = np.empty(array.size, dtype=array.dtype)
-                copy = copy[: read_fd_into(fd, offset, memoryview(copy).cast("B")) // copy.itemsize]
+                try:
+                    with localfiles.descriptor(file) as fd:
+                        got = read_fd_into(fd, offset, memoryview(copy).cast("B"))
+                except OSError as exc:
+                    raise FormatError(f"{path}: {_why(exc)}; run the command again") from None
+                copy = copy[: got // copy.itemsize]
             if copy.size != array.size:
                 raise FormatError(f"{path}: shorter than when it was opened (it changed); "
                                   "run the command again")
@@ -247,15 +267,57 @@ class ArrayPlacer:
                 c.data = address
             self._copies.append(copy)
         self._within = []
+        self._by_region = {}  # (what load needed; the structs point at the copies now)
+        for path, file in list(self._files.items()):
+            if file not in self._pread_files:
+                localfiles.forget(file)
+                del self._files[path]
 
     def files(self) -> list[str]:
         """Every file an array placed here comes from."""
         return sorted({region[0] for _, _, region in self._placed if region})
 
     def close(self) -> None:
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
+        files, self._files = self._files, {}
+        for file in files.values():
+            localfiles.forget(file)
 
     def __del__(self) -> None:
         self.close()
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror if exc.strerror and exc.filename else str(exc).split(": ", 1)[-1]
+
+
+HEADS = 512  # bytes read first of each file: a numpy header is 128 bytes, rarely more
+
+
+def _check_heads(arrays: list[tuple[int, CachedArray]]) -> None:
+    """Check each array's file against what the header file or record it is known
+    from says, reading the first bytes of all of them in one C call (thousands of
+    files); HeaderFileLied for the first that disagrees or cannot be read."""
+    if not arrays:
+        return
+    ids = np.array([file for file, _ in arrays], dtype=np.int64)
+    heads = np.empty((len(arrays), HEADS), dtype=np.uint8)
+    got = np.empty(len(arrays), dtype=np.int32)
+    lib.mmfs_files_heads(ffi.from_buffer("int64_t[]", ids), len(arrays), HEADS,
+                         ffi.from_buffer("uint8_t[]", heads), ffi.from_buffer("int32_t[]", got))
+    raw = heads.tobytes()
+    for k, (file, array) in enumerate(arrays):
+        n = int(got[k])
+        if n < 0 or (n == HEADS and array.offset > HEADS):  # not read, or a long header: file by file
+            array.check_head(_head(file, array))
+        else:
+            array.check_head(raw[k * HEADS : k * HEADS + n])
+
+
+def _head(file: int, array: CachedArray) -> bytes:
+    """The first page of a registered file, known from a header file or record; when
+    it is gone or changed, that header file or record lied (HeaderFileLied)."""
+    try:
+        with localfiles.descriptor(file) as fd:
+            return os.pread(fd, HEAD, 0)
+    except OSError as exc:
+        raise array.lied(f"{array.path}: {_why(exc)}") from None

@@ -14,14 +14,16 @@ import numpy as np
 
 from mmfs.config.schema import Config, load_config
 from mmfs.errors import ConfigError, MmfsError
-from mmfs.formats import open_dataset
+from mmfs.formats import IndexedDataset, open_dataset
 from mmfs.megatron.arrays import ArrayPlacer
 from mmfs.megatron.build.builder import SplitIndices
+from mmfs.megatron.cache import resolved
 from mmfs.megatron.cache.npyfile import HeaderFileLied
 from mmfs.megatron.phases.build import PhasedBuilder as Builder
 from mmfs.megatron.reader import SplitReader, TokenSource
 from mmfs.megatron.tokenized import ensure_tokenized
 from mmfs.storage import scheme_of
+from mmfs.storage.localfiles import DEFAULT_OPEN_FILES, fit_open_files
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,12 @@ class Corpus:
     @property
     def remote(self) -> bool:
         """Whether some dataset is read from object storage (not a local file)."""
-        return any(scheme_of(d.path) is not None for d in self.datasets)
+        return self.remote_files > 0
+
+    @cached_property
+    def remote_files(self) -> int:
+        """Datasets read from object storage (a reader keeps a cache file of each open)."""
+        return sum(scheme_of(file) is not None for file in self._by_file)
 
     @cached_property
     def placer(self) -> ArrayPlacer:
@@ -79,6 +86,7 @@ class Corpus:
             return self._readers()
         except HeaderFileLied as exc:
             log.warning("%s; loading the indices from their own files", exc.why)
+            resolved.forget(self.config_path)
             self._placer.close()
             self.indices = Builder(self.config, self._by_file, trust_header_files=False).build()
             return self._readers()
@@ -92,6 +100,8 @@ class Corpus:
 
     def _readers(self) -> dict[str, SplitReader]:
         limit = self._map_limit_mb
+        if limit is None and self._index_files() > MAPS_AT_MOST:
+            limit = 0  # every array read with pread: a map each would pass the kernel's vm.max_map_count
         self._placer = ArrayPlacer(None if limit is None else limit << 20)
         self._sources = {file: TokenSource(ds, self._placer) for file, ds in self._by_file.items()}
         made: dict[int, SplitReader] = {}  # one reader per SplitIndices (a phase may share the top level's)
@@ -106,6 +116,15 @@ class Corpus:
                               for own in phase_evals(self.indices)]
         self._placer.finish()
         return splits
+
+    def _index_files(self) -> int:
+        """Cache files of the indices (and the datasets' files): the maps it takes to map them all."""
+        return 2 * len(self._by_file) + sum(3 * len(s.gpts) + 2 for s in self.indices.values())
+
+
+# Files a process maps at most to read samples; beyond, it reads them with pread
+# (each map is an area of the process; Linux allows 65,530 by default).
+MAPS_AT_MOST = 16384
 
 
 def phase_evals(indices: dict[str, SplitIndices]) -> list[dict[str, SplitIndices]]:
@@ -167,6 +186,29 @@ def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | Non
 def _open_corpus(config_path: str, progress: bool, map_limit_mb: int | None,
                  jobs: int | None) -> Corpus:
     t0 = time.perf_counter()
+    sampling_log = logging.getLogger("mmfs.megatron")
+    saved_level = sampling_log.level
+    if not progress:
+        sampling_log.setLevel(logging.WARNING)
+    try:
+        opened = _from_record(config_path, jobs)
+        if opened is None:
+            opened = _resolve(config_path, jobs)
+            resolved.write(*opened)
+    finally:
+        sampling_log.setLevel(saved_level)
+    config, by_file, splits = opened
+    entries = [DatasetEntry(spec.name, spec.path, by_file[spec.file]) for spec in config.all_datasets]
+    corpus = Corpus(config, entries, by_file, splits, map_limit_mb)
+    if progress:
+        log.info("indices ready in %.2f s: %s", time.perf_counter() - t0,
+                 ", ".join(f"{n} {len(s)} samples" for n, s in corpus.indices.items() if len(s))
+                 or "no samples")
+    return corpus
+
+
+def _resolve(config_path: str, jobs: int | None) -> tuple[Config, dict, dict[str, SplitIndices]]:
+    """The config, its datasets opened and every split's indices built or loaded."""
     config = load_config(config_path)
     specs = config.all_datasets
     for spec in specs:
@@ -174,21 +216,25 @@ def _open_corpus(config_path: str, progress: bool, map_limit_mb: int | None,
             ensure_tokenized(spec.text)
     by_file = {spec.file: open_dataset(spec.file) for spec in specs}
     check_token_ids(config, sample_dtype(list(by_file.values())))
-    entries = [DatasetEntry(spec.name, spec.path, by_file[spec.file]) for spec in specs]
-    sampling_log = logging.getLogger("mmfs.megatron")
-    saved_level = sampling_log.level
-    if not progress:
-        sampling_log.setLevel(logging.WARNING)
+    return config, by_file, Builder(config, by_file, jobs).build()
+
+
+def _from_record(config_path: str, jobs: int | None) -> tuple[Config, dict, dict[str, SplitIndices]] | None:
+    """What _resolve gives, read from the record of this config when nothing it
+    depends on changed (cache/resolved.py); None when there is none or it fails."""
+    record = resolved.read(config_path)
+    if record is None:
+        return None
     try:
-        splits = Builder(config, by_file, jobs).build()
-    finally:
-        sampling_log.setLevel(saved_level)
-    corpus = Corpus(config, entries, by_file, splits, map_limit_mb)
-    if progress:
-        log.info("indices ready in %.2f s: %s", time.perf_counter() - t0,
-                 ", ".join(f"{n} {len(s)} samples" for n, s in corpus.indices.items() if len(s))
-                 or "no samples")
-    return corpus
+        config = load_config(config_path, known=record.config)
+        by_file = {spec.file: IndexedDataset(spec.file, known=record.datasets[spec.file])
+                   for spec in config.all_datasets}
+        check_token_ids(config, sample_dtype(list(by_file.values())))
+        return config, by_file, Builder(config, by_file, jobs).from_record(record)
+    except (MmfsError, LookupError, TypeError, ValueError) as exc:  # not what was recorded: the full way
+        log.debug("%s: the record %s is not used (%s)", config_path, record.path, exc)
+        resolved.forget(config_path)
+        return None
 
 
 # Index arrays held in memory (not mapped from the cache) above this size are
@@ -209,11 +255,15 @@ def index_bytes_in_memory(corpus: Corpus) -> int:
     return total
 
 
-def open_corpus_for_serving(config_path: str, progress: bool = True, map_limit_mb: int = 64) -> Corpus:
+def open_corpus_for_serving(config_path: str, progress: bool = True, map_limit_mb: int = 64,
+                            open_files: int = DEFAULT_OPEN_FILES) -> Corpus:
     """open_corpus for a long-running reader (the mount daemon): indices just
     built, and so held in memory, are re-opened from the cache, so that the
-    reader's resident memory does not hold them."""
+    reader's resident memory does not hold them. At most `open_files` dataset and
+    index files are kept open (localfiles.py); the open-file limit is raised for
+    them, and for the cache file of each dataset in object storage, where needed."""
     corpus = open_corpus(config_path, progress=progress, map_limit_mb=map_limit_mb)
+    fit_open_files(corpus.remote_files, open_files, f"the mount of {config_path}")
     if index_bytes_in_memory(corpus) <= REOPEN_ABOVE:
         return corpus
     log.info("re-opening the indices from the cache")

@@ -265,7 +265,8 @@ def mount_command(args: argparse.Namespace) -> int:
     options = parse_mount_options(args.options)
     check_mount_point(mountpoint, allow_nonempty=options.nonempty)
     quiet = bool(getattr(args, "quiet", False))
-    tree = Tree(open_corpus_for_serving(args.config, progress=not quiet, map_limit_mb=options.map_limit_mb))
+    tree = Tree(open_corpus_for_serving(args.config, progress=not quiet, map_limit_mb=options.map_limit_mb,
+                                        open_files=options.open_files))
     # Someone may have mounted there while the indices were built.
     check_mount_point(mountpoint, allow_nonempty=options.nonempty)
 
@@ -336,7 +337,8 @@ def temporary_mount(config: str, options: str = "") -> Iterator[tuple[str, int]]
     from mmfs.mount.tree import Tree
 
     mount_options = parse_mount_options(options)
-    tree = Tree(open_corpus_for_serving(config, map_limit_mb=mount_options.map_limit_mb))
+    tree = Tree(open_corpus_for_serving(config, map_limit_mb=mount_options.map_limit_mb,
+                                        open_files=mount_options.open_files))
     tmp = tempfile.mkdtemp(prefix="mmfs-bench-")
     mount = os.path.join(tmp, "mnt")
     os.mkdir(mount)

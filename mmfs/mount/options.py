@@ -8,6 +8,7 @@ from typing import Any
 
 from mmfs.errors import MountError
 from mmfs.mount.repeats import FOLD_SECONDS
+from mmfs.storage.localfiles import DEFAULT_OPEN_FILES
 
 # Index and token files the daemon keeps in memory, at most (the smallest
 # first); it reads the rest with pread, so its resident memory stays flat
@@ -25,6 +26,8 @@ class MountOptions:
                      network and must not wait on each other)
     low_latency:     keep idle CPUs polling while requests flow (latency.py)
     map_limit_mb:    MB of index and token files the daemon keeps in memory
+    open_files:      dataset and index files the daemon keeps open at most (the
+                     others are opened when read, the least recently used closed)
     nonempty:        mount over a non-empty folder (also passed to libfuse)
     log_fold:        seconds: reads that fail the same way are one log line, then
                      one line with their count per this (0: a line per failed read)
@@ -33,6 +36,7 @@ class MountOptions:
     threads: bool | None = None
     low_latency: bool = False
     map_limit_mb: int = DEFAULT_MAP_LIMIT_MB
+    open_files: int = DEFAULT_OPEN_FILES
     nonempty: bool = False
     log_fold: float = FOLD_SECONDS
     fuse: dict[str, Any] = field(default_factory=dict)
@@ -45,6 +49,8 @@ OPTION_HELP = {
     "low_latency": "keep idle CPUs polling while requests flow (off by default)",
     "map_limit_mb=N": f"MB of index and token files the daemon keeps in memory (default {DEFAULT_MAP_LIMIT_MB}; "
                       "it reads the rest with pread)",
+    "open_files=N": f"dataset and index files the daemon keeps open at most (default {DEFAULT_OPEN_FILES}; "
+                    "it opens the others when read)",
     "nonempty": "mount over a folder that is not empty",
     "log_fold=SECONDS": f"reads that fail the same way: one log line, then one with their count per SECONDS "
                         f"(default {FOLD_SECONDS:g}; 0: a line per failed read)",
@@ -60,6 +66,8 @@ def options_help() -> str:
 # mmfs's own flags; `nothreads` and `foreground` are accepted (and dropped) for
 # the command lines of fusepy's own examples.
 _FLAGS = ("threads", "low_latency", "nothreads", "foreground")
+# mmfs's own numbers: the least each takes, and what it counts.
+_COUNTS = {"map_limit_mb": (0, "megabytes"), "open_files": (8, "files")}
 
 
 def _flag(key: str, value: str | bool) -> bool:
@@ -81,14 +89,15 @@ def parse_mount_options(text: str | None) -> MountOptions:
             raise MountError(f"-o {item}: an option needs a name before '='")
         if key in _FLAGS:
             own[key] = _flag(key, value)
-        elif key == "map_limit_mb":
+        elif key in _COUNTS:
+            least, unit = _COUNTS[key]
             try:
                 own[key] = int(value) if value is not True else -1
             except ValueError:
                 own[key] = -1
-            if own[key] < 0:
-                raise MountError(f"-o map_limit_mb={'' if value is True else value}: give a whole number "
-                                 "of megabytes (0 or more)")
+            if own[key] < least:
+                raise MountError(f"-o {key}={'' if value is True else value}: give a whole number "
+                                 f"of {unit} ({least} or more)")
         elif key == "log_fold":
             own[key] = _seconds(key, value)
         elif key == "rw":
@@ -98,6 +107,7 @@ def parse_mount_options(text: str | None) -> MountOptions:
     threads = False if own.get("nothreads") else own.get("threads")
     return MountOptions(threads=threads, low_latency=own.get("low_latency", False),
                         map_limit_mb=own.get("map_limit_mb", DEFAULT_MAP_LIMIT_MB),
+                        open_files=own.get("open_files", DEFAULT_OPEN_FILES),
                         nonempty=fuse.get("nonempty") is True, log_fold=own.get("log_fold", FOLD_SECONDS),
                         fuse=fuse)
 

@@ -126,6 +126,19 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+# mmfs.json of a blend of more datasets than this keeps one line per top-level key: json's
+# indented output is pure Python, seconds for the megabytes of ten thousand datasets.
+INDENTED_UP_TO = 256
+
+
+def manifest_text(info: dict) -> str:
+    """mmfs.json's text: indented, or for a large blend each top-level key on a line."""
+    if len(info.get("datasets", ())) <= INDENTED_UP_TO:
+        return json.dumps(info, indent=2, default=_json_default) + "\n"
+    lines = (f"  {json.dumps(key)}: {json.dumps(value, default=_json_default)}" for key, value in info.items())
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 class Tree:
     """The mount's tree over an opened corpus (see mmfs.megatron.open_corpus)."""
 
@@ -157,9 +170,7 @@ class Tree:
             only = corpus.datasets[0].name
             for kind in (DOCUMENTS, SEQUENCES):
                 self.root.entries[kind] = Link(dataset_dir(only, kind).lstrip("/"), t)
-        self.root.entries[MANIFEST] = Blob(
-            (json.dumps(self.info, indent=2, default=_json_default) + "\n").encode(), t
-        )
+        self.root.entries[MANIFEST] = Blob(manifest_text(self.info).encode(), t)
         config_path = self.info["config_path"]
         self.root.entries[REPORT] = MadeFile(lambda: report_page(config_path), t)
         self.streams = Streams(corpus, t)

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from mmfs.storage.base import NotThere, StorageError
+from mmfs.storage.localfiles import map_file
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
@@ -82,22 +83,33 @@ class FileSource:
         st = os.stat(path)
         self.url = self.path = path
         self.size = st.st_size
-        self.identity = (st.st_size, st.st_mtime_ns, st.st_ino)
-        self._local = threading.local()
+        # the file's own (size, mtime_ns, inode); `identity` is the source's (an object's copy: the object's)
+        self.file_identity = self.identity = (st.st_size, st.st_mtime_ns, st.st_ino)
+
+    @classmethod
+    def known(cls, path: str, st: os.stat_result) -> FileSource:
+        """The source of a regular file whose stat is at hand (a re-open that checked
+        it against a record): no stat of its own."""
+        source = cls.__new__(cls)
+        source.url = source.path = path
+        source.size = st.st_size
+        source.file_identity = source.identity = (st.st_size, st.st_mtime_ns, st.st_ino)
+        return source
 
     @contextmanager
     def opened(self) -> Iterator[None]:
         """Keep the file open for this thread's reads inside the block (opening a
         dataset reads its header and a few spot values: one open, not one per read).
         Builder threads share sources, so the descriptor is the thread's own."""
-        if getattr(self._local, "fd", None) is not None:
+        held = _held()
+        if id(self) in held:
             yield
             return
-        fd = self._local.fd = self._open()
+        fd = held[id(self)] = self._open()
         try:
             yield
         finally:
-            self._local.fd = None
+            del held[id(self)]
             os.close(fd)
 
     def _open(self) -> int:
@@ -109,7 +121,7 @@ class FileSource:
 
     def read_into(self, offset: int, buffer) -> int:
         view = memoryview(buffer).cast("B")
-        fd = getattr(self._local, "fd", None)
+        fd = _held().get(id(self))
         if fd is not None:
             return read_fd_into(fd, offset, view)
         fd = self._open()
@@ -119,10 +131,21 @@ class FileSource:
             os.close(fd)
 
     def map(self) -> np.ndarray:
-        """The whole file as a read-only uint8 array (a map; empty files: an empty array)."""
+        """The whole file as a read-only uint8 array (a map that holds no descriptor;
+        empty files: an empty array)."""
         if not self.size:
             return np.zeros(0, np.uint8)
-        return np.memmap(self.path, dtype=np.uint8, mode="r")
+        return map_file(self.path)
+
+
+_opened = threading.local()  # this thread's descriptors of the sources inside opened(), by id
+
+
+def _held() -> dict[int, int]:
+    held = getattr(_opened, "fds", None)
+    if held is None:
+        held = _opened.fds = {}
+    return held
 
 
 def read_fd_into(fd: int, offset: int, view: memoryview) -> int:

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from mmfs.megatron.build.tasks import CLAIM_MAX, _DropInfo, _Progress, _Task, as
 from mmfs.megatron.cache.headerfile import HEADERS_FROM, HeaderFile
 from mmfs.megatron.cache.index_cache import IndexCache, default_cache_dir
 from mmfs.megatron.cache.locks import try_lock, wait_unlocked
+from mmfs.megatron.cache.resolved import Resolved
 from mmfs.megatron.cache.write import Batch
 from mmfs.megatron.indices.blend import (
     MAX_DATASETS,
@@ -82,21 +84,8 @@ class Builder:
         """by_length: the task is one of a blend weighted by its datasets' lengths."""
         c = self.config
         dataset = self.datasets[spec.file]
-        beg, end = split_range(bookend, dataset.num_sequences)
-        params = GptParams(
-            dataset_path=spec.path,
-            split=split,
-            beg=beg,
-            end=end,
-            num_samples=num_samples,
-            sequence_length=c.sequence_length,
-            seed=c.seed,
-            add_extra_token=c.add_extra_token,
-            drop_last_partial=c.drop_last_partial_validation_sequence if split == "valid" else True,
-            config_split=c.split,
-            config_split_matrix=None if c.split is None else split_matrix(c.split),
-            tokenizer_identifiers=c.tokenizer_identifiers,
-        )
+        params = self.gpt_params(spec, split, *split_range(bookend, dataset.num_sequences), num_samples)
+        beg, end = params.beg, params.end
         cache = IndexCache(c.cache_dir or default_cache_dir(spec, c), self._descriptions.gpt(params),
                            "GPTDataset", split)
         label = f"{split}/{spec.name}"
@@ -123,6 +112,24 @@ class Builder:
 
         return _Task(cache, GPT_ARRAYS, label, lambda a: self._gpt_arrays_fit(a, params),
                      make, check), params
+
+    def gpt_params(self, spec: DatasetSpec, split: str, beg: int, end: int, num_samples: int | None) -> GptParams:
+        """One GPTDataset of the config: sequences [beg, end) of spec's dataset."""
+        c = self.config
+        return GptParams(
+            dataset_path=spec.path,
+            split=split,
+            beg=beg,
+            end=end,
+            num_samples=num_samples,
+            sequence_length=c.sequence_length,
+            seed=c.seed,
+            add_extra_token=c.add_extra_token,
+            drop_last_partial=c.drop_last_partial_validation_sequence if split == "valid" else True,
+            config_split=c.split,
+            config_split_matrix=None if c.split is None else split_matrix(c.split),
+            tokenizer_identifiers=c.tokenizer_identifiers,
+        )
 
     @staticmethod
     def _gpt_arrays_fit(arrays: dict, p: GptParams) -> bool:
@@ -314,6 +321,32 @@ class Builder:
                 by_folder.setdefault(t.cache.folder, []).append(t)
         return [(HeaderFile(folder, [t.cache for t in group]), group)
                 for folder, group in by_folder.items() if len(group) >= HEADERS_FROM]
+
+    # -- a record of a build -----------------------------------------------------------
+
+    def from_record(self, record: Resolved) -> dict[str, SplitIndices]:
+        """Each split's indices as a build of this very config and these datasets made
+        them (cache/resolved.py): nothing planned, described or read; each array is
+        checked against its file when it is first used."""
+        c = self.config
+        specs = {spec.file: spec for spec in c.all_datasets}
+        out = {}
+        for name, (gpts, blend) in record.splits.items():
+            split = SplitIndices(name, [])
+            for file, beg, end, num_samples, *index in gpts:
+                spec = specs[file]
+                params = self.gpt_params(spec, name, beg, end, num_samples)
+                cache = IndexCache(c.cache_dir or default_cache_dir(spec, c), partial(self._descriptions.gpt, params),
+                                   "GPTDataset", name, known_hash=index[0])
+                split.gpts.append(GptIndices(spec, params, cache, record.arrays(cache, GPT_ARRAYS, *index), True))
+            if blend is not None:
+                weights, size, *index = blend
+                folder = c.cache_dir or default_cache_dir(split.gpts[0].spec, c, "BlendedDataset")
+                describe = partial(_Descriptions.blend_of, [g.cache for g in split.gpts], name, weights, size)
+                cache = IndexCache(folder, describe, "BlendedDataset", name, known_hash=index[0])
+                split.blend = BlendIndices(weights, size, cache, record.arrays(cache, BLEND_ARRAYS, *index), True)
+            out[name] = split
+        return out
 
     # -- all splits ------------------------------------------------------------------
 

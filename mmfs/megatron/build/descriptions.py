@@ -37,6 +37,11 @@ class _Descriptions:
         return text
 
     @staticmethod
+    def blend_of(caches: list, split: str, weights: list, size: int | None) -> str:
+        """blend() of the descriptions of the GPTDatasets' caches."""
+        return _Descriptions.blend([c.description for c in caches], split, weights, size)
+
+    @staticmethod
     def blend(gpt_descriptions: list[str], split: str, weights: list, size: int | None) -> str:
         marker = "\x00mmfs-datasets"
         text = blend_description(marker, split, weights, size)  # type: ignore[arg-type]

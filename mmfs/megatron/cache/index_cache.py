@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 
 import numpy as np
 
@@ -52,17 +53,28 @@ _UNSAVED: dict[str, dict[str, np.ndarray]] = {}
 class IndexCache:
     """The cache files of one dataset object (a GPTDataset or a BlendedDataset split)."""
 
-    def __init__(self, folder: str | None, description: str, class_name: str, split: str) -> None:
+    def __init__(self, folder: str | None, description: str | Callable[[], str], class_name: str, split: str,
+                 known_hash: str | None = None) -> None:
+        """description: the text, or a function that makes it when it is first needed
+        (a re-open from the resolved record knows the hash, `known_hash`, and names the
+        files without making thousands of descriptions)."""
         self.folder = folder
-        self.description = description
-        self.hash = description_hash(description)
+        self._description = description
+        self.hash = known_hash or description_hash(self.description)
         self.base = f"{self.hash}-{class_name}-{split}"
+        self._prefix = None if folder is None else os.path.join(folder, self.base)
         self.description_file: FileId | None = None  # as last loaded or staged
 
+    @property
+    def description(self) -> str:
+        if callable(self._description):
+            self._description = self._description()
+        return self._description
+
     def path(self, suffix: str) -> str:
-        if self.folder is None:
+        if self._prefix is None:
             raise CacheError("no cache folder")
-        return os.path.join(self.folder, f"{self.base}-{suffix}")
+        return f"{self._prefix}-{suffix}"
 
     @property
     def lock_path(self) -> str:

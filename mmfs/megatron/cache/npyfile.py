@@ -15,11 +15,12 @@ import operator
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from mmfs.errors import FormatError
+from mmfs.storage.localfiles import map_region
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def file_id(st: os.stat_result) -> FileId:
 
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a blend of 10,000 datasets holds 60,000 of them
 class CachedArray:
     """An array stored in a .npy file: known from its header, mapped on demand."""
 
@@ -52,10 +53,10 @@ class CachedArray:
     # read). Such an array is checked against the file's own header before any of
     # its bytes are used (`vouched`): a cache entry never changes what is served.
     known_from: str | None = None
+    size: int = field(init=False)  # elements
 
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", math.prod(self.shape))
 
     @property
     def nbytes(self) -> int:
@@ -68,33 +69,47 @@ class CachedArray:
         if self.known_from is None:
             return self
         if head is None:
-            fd, _ = open_regular(self.path)
             try:
+                fd, st = open_regular(self.path)
+            except OSError as exc:
+                raise self.lied(f"{self.path}: {exc.strerror or exc}") from None
+            try:
+                if self.file is not None and file_id(st) != self.file:
+                    raise self.lied(f"{self.path}: changed since {self.known_from} was written")
                 head = os.pread(fd, HEAD, 0)
             finally:
                 os.close(fd)
+        self.check_head(head)
+        return dataclasses.replace(self, known_from=None, head=head)
+
+    def check_head(self, head: bytes) -> None:
+        """HeaderFileLied unless the file's first bytes `head` are the header its
+        header-file entry (or record) says."""
+        if head[: self.offset] == npy_header(self.dtype, self.shape, self.offset):
+            return  # the very bytes numpy writes for it (most files): no need to parse them
         try:
             dtype, shape, offset = parse_npy_header(head)
-            found = f"{dtype.str} {list(shape)} at byte {offset}"
         except ValueError as exc:
-            dtype, found = None, str(exc)
-        if dtype == self.dtype and (shape, offset) == (self.shape, self.offset):
-            return dataclasses.replace(self, known_from=None, head=head)
+            raise self.lied(f"{self.path}: {exc}, but {self.known_from} says {self.dtype.str} "
+                            f"{list(self.shape)} at byte {self.offset}") from None
+        if dtype != self.dtype or (shape, offset) != (self.shape, self.offset):
+            raise self.lied(f"{self.path}: its header says {dtype.str} {list(shape)} at byte {offset}, but "
+                            f"{self.known_from} says {self.dtype.str} {list(self.shape)} at byte {self.offset}")
+
+    def lied(self, why: str) -> HeaderFileLied:
+        """The error for a file that is not what the header file (or record) this array
+        is known from says; that file is removed: it is not to be believed again."""
         try:
             os.unlink(self.known_from)
         except OSError:
             pass
-        raise HeaderFileLied(self.known_from, f"{self.path}: its header says {found}, but "
-                             f"{self.known_from} says {self.dtype.str} {list(self.shape)} at "
-                             f"byte {self.offset}; that header file is removed")
+        what = "header file" if self.known_from.endswith("-mmfs-headers.json") else "record"
+        return HeaderFileLied(self.known_from, f"{why}; that {what} is removed")
 
     def map(self) -> np.ndarray:
         if self.known_from is not None:
             return self.vouched().map()
-        if math.prod(self.shape) == 0:
-            return np.zeros(self.shape, self.dtype)
-        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset,
-                         shape=self.shape)
+        return map_region(self.path, self.offset, self.dtype, self.shape)
 
     def read_item(self, flat_index: int) -> int:
         """One element (C order) read with pread, without mapping the file."""
@@ -137,6 +152,17 @@ def open_regular(path: str) -> tuple[int, os.stat_result]:
         os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file", path)
     return fd, st
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, ...], offset: int) -> bytes:
+    """The header numpy's np.save writes (format 1.0) for an array of `dtype` and
+    `shape` whose data starts at `offset` (b"" when no such header ends there)."""
+    text = f"{{'descr': {dtype.str!r}, 'fortran_order': False, 'shape': {shape!r}, }}"
+    pad = offset - NPY_MIN_HEADER - len(text) - 1
+    if pad < 0 or offset - NPY_MIN_HEADER > 0xFFFF:
+        return b""
+    return b"\x93NUMPY\x01\x00" + (offset - NPY_MIN_HEADER).to_bytes(2, "little") + \
+        (text + " " * pad + "\n").encode("latin1")
 
 
 def parse_npy_header(head: bytes) -> tuple[np.dtype, tuple[int, ...], int]:

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 
-from mmfs.errors import CacheError
+from mmfs.errors import CacheError, descriptors_exhausted
 from mmfs.megatron.cache.locks import HOST, Lock
 from mmfs.processes import pid_alive
 
@@ -97,6 +97,9 @@ def write_problem(folder: str, exc: OSError) -> str:
     if code in (errno.ENOSPC, errno.EDQUOT) or "requested and" in text:
         return (f"no space left in {folder} (disk or quota full); free some space or set "
                 "cache_dir in the config to a folder on another disk")
+    limit = descriptors_exhausted(exc)
+    if limit is not None:  # not the folder's fault
+        return f"cannot write in {folder}: {limit}"
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
         return (f"{folder} is not writable ({exc.strerror}); set cache_dir in the config to "
                 "a writable folder")

@@ -43,6 +43,9 @@ class _Arrays:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._arrays[name].shape)
 
+    def names(self) -> list[str]:
+        return list(self._arrays)
+
     def raw(self, name: str) -> np.ndarray | CachedArray:
         """The array as held: in memory, or (not mapped yet) a CachedArray."""
         return self._arrays[name]

@@ -1,0 +1,240 @@
+"""What a built config resolved to, in one record: its YAML as parsed, each
+dataset's files (identity, format, header), each index's cache file names and
+array headers. A re-open of the same config checks the record as a whole (the
+config's bytes, one stat of each dataset file and of each cache folder) and reads
+it instead of parsing the YAML, opening the datasets, describing thousands of
+indices and stating every cache file: a blend of ten thousand datasets re-opens
+with one read and some thirty thousand stats, not a hundred and eighty thousand.
+
+Trusted only as far as checked: a cache file is not stated here; each array read
+from the record is `known_from` it, so its file is checked (identity and its own
+.npy header) before its bytes are used, and a record that disagrees with a file
+is removed and the indices loaded from the files themselves (Corpus.splits). Any
+change the stats see (the config, a dataset, a file added to or removed from a
+cache folder, mmfs itself) makes the record stale; the full open writes it again.
+
+Kept per user (`$XDG_CACHE_HOME/mmfs/resolved/`), named by the config's path.
+Only for configs whose inputs are the config file and local IndexedDatasets
+(no text, .pbin or object-storage dataset, no tokenizer files, no data_args_path
+files, no phases); the others are opened the full way, as before."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from importlib import metadata
+
+import numpy as np
+
+from mmfs.config.safe_yaml import MAX_CONFIG_BYTES
+from mmfs.megatron.cache.npyfile import CachedArray, file_id
+from mmfs.megatron.cache.write import temp_name, unlink_quietly
+from mmfs.storage import scheme_of
+from mmfs.storage.settings import default_cache_dir
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+RECORD_LIMIT = 1 << 30  # bytes: a record of a million datasets is a few hundred MB
+
+
+def record_path(config_path: str) -> str:
+    key = hashlib.sha256(os.path.realpath(config_path).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return os.path.join(default_cache_dir(), "resolved", f"{key}.json")
+
+
+def _code() -> str:
+    """mmfs's version and its source files' sizes and times: a changed mmfs (another
+    derivation, other names) never reads a record an older one wrote."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parts = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith((".py", ".so")):
+                st = os.stat(os.path.join(folder, name))
+                parts.append(f"{os.path.relpath(os.path.join(folder, name), root)} {st.st_size} {st.st_mtime_ns}")
+    try:
+        version = metadata.version("mmfs")
+    except metadata.PackageNotFoundError:
+        version = "?"
+    return hashlib.sha256("\n".join([version, *parts]).encode()).hexdigest()
+
+
+@dataclass
+class Resolved:
+    """A record found sound: what load_config, the datasets and Builder.from_record
+    take from it."""
+
+    path: str
+    yaml: object  # the config's YAML document, as parsed
+    digest: str  # the sha256 of its bytes
+    names: dict[str, str]  # dataset file -> its name
+    datasets: dict[str, tuple]  # dataset file -> (idx stat, bin stat, header facts)
+    # split -> ([[file, beg, end, num_samples, *index] per GPTDataset], [weights, size, *index] or None),
+    # index: [hash, description FileId, {array: [descr, shape, offset, FileId]}]
+    splits: dict[str, list]
+
+    @property
+    def config(self) -> tuple:
+        """What load_config takes as `known`."""
+        return self.yaml, self.digest, self.names
+
+    def arrays(self, cache, names, hash_: str, description: list, arrays: dict) -> dict[str, CachedArray]:
+        """The arrays `names` of one index held in `cache`'s files, each known from
+        this record (checked against its file before its bytes are used)."""
+        if hash_ != cache.hash or sorted(arrays) != sorted(names):
+            raise ValueError(f"{self.path}: not the arrays of {cache.base}")
+        cache.description_file = tuple(description)
+        return {name: CachedArray(cache.path(f"{name}.npy"), _dtype(descr), tuple(shape), offset,
+                                  file=tuple(saved), known_from=self.path)
+                for name, (descr, shape, offset, saved) in arrays.items()}
+
+
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _dtype(descr: str) -> np.dtype:
+    found = _DTYPES.get(descr)
+    if found is None:
+        found = _DTYPES[descr] = np.dtype(descr)
+    return found
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_regular(path: str, limit: int) -> bytes | None:
+    """At most `limit` bytes of a regular file; None for anything else (a FIFO put in
+    its place must not block the open) or when it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read(config_path: str) -> Resolved | None:
+    """The record of this config if everything it depends on is unchanged, else None."""
+    path = record_path(config_path)
+    text, config_bytes = _read_regular(path, RECORD_LIMIT), _read_regular(config_path, MAX_CONFIG_BYTES + 1)
+    if text is None or config_bytes is None:
+        return None
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    digest = hashlib.sha256(config_bytes).hexdigest()
+    try:
+        if record.get("version") != VERSION or record["config"]["sha256"] != digest or record["code"] != _code():
+            return None
+        for folder, saved in record["folders"].items():
+            st = _stat(folder)
+            if st is None or [st.st_mtime_ns, st.st_ino] != saved:
+                return None
+        datasets = {}
+        for file, (idx, bin_, header) in record["datasets"].items():
+            stats = _stat(file + ".idx"), _stat(file + ".bin")
+            if None in stats or [list(file_id(st)) for st in stats] != [idx, bin_]:
+                return None
+            datasets[file] = (*stats, tuple(header))
+        return Resolved(path, record["config"]["yaml"], digest, record["names"], datasets, record["splits"])
+    except (LookupError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def forget(config_path: str) -> None:
+    unlink_quietly(record_path(config_path))
+
+
+def _eligible(config, by_file: dict) -> bool:
+    raw = config.raw
+    return (config.source is not None and config.phases is None and config.tokenizer is None
+            and raw.get("data_args_path") is None and raw.get("per_split_data_args_path") is None
+            and all(scheme_of(file) is None and getattr(ds, "format_name", None) == "megatron-indexed"
+                    and hasattr(ds, "facts") for file, ds in by_file.items())
+            and all(spec.json_key is None for spec in config.all_datasets))
+
+
+def write(config, by_file: dict, splits: dict) -> None:
+    """Record what the config resolved to (when its inputs allow a record and every
+    index is in the cache); a folder that cannot take it only costs the next
+    re-open its time."""
+    if not _eligible(config, by_file):
+        return
+    splits_out: dict[str, list] = {}
+    folders: set[str] = set()
+
+    def index(part) -> list | None:
+        cache = part.cache
+        arrays = {n: part.raw(n) for n in part.names()}
+        if cache.folder is None or cache.description_file is None or not all(
+                isinstance(a, CachedArray) and a.file for a in arrays.values()):
+            return None  # held in memory: not in the cache
+        folders.add(cache.folder)
+        return [cache.hash, cache.description_file,
+                {n: [a.dtype.str, a.shape, a.offset, a.file] for n, a in arrays.items()}]
+
+    for name, split in splits.items():
+        gpts = []
+        for g in split.gpts:
+            entry = index(g)
+            if entry is None:
+                return
+            gpts.append([g.spec.file, g.params.beg, g.params.end, g.params.num_samples, *entry])
+        blend = None
+        if split.blend is not None:
+            entry = index(split.blend)
+            if entry is None:
+                return
+            blend = [split.blend.weights, split.blend.size, *entry]
+        splits_out[name] = [gpts, blend]
+    yaml, digest = config.source
+    try:
+        stats = {folder: os.stat(folder) for folder in sorted(folders)}
+        datasets = {file: [list(ds.idx.file_identity), list(ds.bin.file_identity), list(ds.facts())]
+                    for file, ds in by_file.items()}
+        record = {
+            "version": VERSION, "code": _code(),
+            "config": {"path": os.path.realpath(config.path), "sha256": digest, "yaml": yaml},
+            "folders": {folder: [st.st_mtime_ns, st.st_ino] for folder, st in stats.items()},
+            "names": {spec.file: spec.name for spec in config.all_datasets},
+            "datasets": datasets, "splits": splits_out,
+        }
+        text = json.dumps(record, separators=(",", ":"))
+        again = json.loads(text)
+        if again["config"]["yaml"] != yaml or again["splits"] != json.loads(json.dumps(splits_out)) \
+                or any(g[1] is not None and g[1][0] != s.blend.weights
+                       for g, s in zip(again["splits"].values(), splits.values())):
+            return  # what JSON does not hold as it is
+    except (OSError, TypeError, ValueError) as exc:
+        log.debug("no record of %s: %s", config.path, exc)
+        return
+    path = record_path(config.path)
+    tmp = None
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = temp_name(os.path.dirname(path), path)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            unlink_quietly(tmp)
+        log.debug("%s: not written (%s)", path, exc)

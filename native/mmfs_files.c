@@ -1,0 +1,245 @@
+/* The open-files table (see mmfs_files.h): registered files, the descriptors
+ * open now in a list of most recent use, and a cap on how many stay open. One
+ * mutex guards it all; it is held for an open(2) and fstat(2), never for a
+ * read. */
+#include "mmfs_files.h"
+#include "mmfs_native.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct {
+    char *path;                    /* NULL: forgotten */
+    int64_t size, mtime_ns, inode; /* its identity, or MMFS_UNKNOWN_IDENTITY */
+    int32_t fd;                    /* -1: closed */
+    int32_t users;                 /* reads holding fd now */
+    int32_t forgotten;             /* close and drop once the last user is done */
+    int64_t newer, older;          /* neighbours in the list of open files (ids; 0: none) */
+} entry;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static entry *entries; /* entries[id - 1] */
+static int64_t used, allocated;
+static int64_t newest, oldest; /* ends of the list of open files */
+static mmfs_files_counts counts = {.limit = 256};
+
+static entry *find(int64_t id) {
+    return id >= 1 && id <= used && entries[id - 1].path ? &entries[id - 1] : NULL;
+}
+
+static void unlink_open(entry *e) {
+    if (e->newer) entries[e->newer - 1].older = e->older;
+    else newest = e->older;
+    if (e->older) entries[e->older - 1].newer = e->newer;
+    else oldest = e->newer;
+    e->newer = e->older = 0;
+}
+
+static void push_newest(int64_t id, entry *e) {
+    e->newer = 0;
+    e->older = newest;
+    if (newest) entries[newest - 1].newer = id;
+    newest = id;
+    if (!oldest) oldest = id;
+}
+
+static void close_entry(int64_t id, entry *e) {
+    unlink_open(e);
+    close(e->fd);
+    e->fd = -1;
+    counts.open--;
+}
+
+/* Close idle descriptors, least recently used first, until fewer than `keep`
+ * are open (or none idle is left). */
+static void close_idle(int64_t keep) {
+    int64_t id = oldest;
+    while (id && counts.open > keep) {
+        entry *e = &entries[id - 1];
+        int64_t newer = e->newer;
+        if (e->users == 0) {
+            close_entry(id, e);
+            counts.closed++;
+        }
+        id = newer;
+    }
+}
+
+static int64_t mtime_of(const struct stat *st) {
+    return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+}
+
+/* Open e's file and check that it is still the file registered. */
+static int open_entry(entry *e) {
+    /* O_NONBLOCK: a FIFO put in the file's place must not block the open */
+    int fd = open(e->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+        close_idle(0); /* out of descriptors: give back every idle one, then try again */
+        fd = open(e->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    }
+    if (fd < 0) return MMFS_E_IO;
+    counts.opened++;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        return MMFS_E_IO;
+    }
+    if (e->size == MMFS_UNKNOWN_IDENTITY) {
+        e->size = st.st_size;
+        e->mtime_ns = mtime_of(&st);
+        e->inode = (int64_t)st.st_ino;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size != e->size || mtime_of(&st) != e->mtime_ns ||
+        (int64_t)st.st_ino != e->inode) {
+        close(fd);
+        counts.changed++;
+        return MMFS_E_CHANGED;
+    }
+    e->fd = fd;
+    return MMFS_OK;
+}
+
+int64_t mmfs_file_add(const char *path, int64_t size, int64_t mtime_ns, int64_t inode) {
+    char *copy = strdup(path);
+    if (!copy) return MMFS_E_NOMEM;
+    pthread_mutex_lock(&lock);
+    if (used == allocated) {
+        int64_t more = allocated ? 2 * allocated : 1024;
+        entry *grown = realloc(entries, (size_t)more * sizeof(entry));
+        if (!grown) {
+            pthread_mutex_unlock(&lock);
+            free(copy);
+            return MMFS_E_NOMEM;
+        }
+        entries = grown;
+        allocated = more;
+    }
+    int unknown = size < 0 || mtime_ns < 0 || inode < 0;
+    entries[used] = (entry){copy, unknown ? MMFS_UNKNOWN_IDENTITY : size, mtime_ns, inode,
+                            -1, 0, 0, 0, 0};
+    int64_t id = ++used;
+    counts.known++;
+    pthread_mutex_unlock(&lock);
+    return id;
+}
+
+static void drop(int64_t id, entry *e) {
+    if (e->fd >= 0) close_entry(id, e);
+    free(e->path);
+    e->path = NULL;
+    counts.known--;
+}
+
+void mmfs_file_forget(int64_t id) {
+    pthread_mutex_lock(&lock);
+    entry *e = find(id);
+    if (e && !e->forgotten) {
+        if (e->users) e->forgotten = 1; /* the last reader drops it */
+        else drop(id, e);
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+int32_t mmfs_file_acquire(int64_t id) {
+    pthread_mutex_lock(&lock);
+    entry *e = find(id);
+    if (!e || e->forgotten) {
+        pthread_mutex_unlock(&lock);
+        return MMFS_E_ARG;
+    }
+    if (e->fd < 0) {
+        close_idle(counts.limit - 1);
+        int rc = open_entry(e);
+        if (rc < 0) {
+            int saved = errno;
+            pthread_mutex_unlock(&lock);
+            errno = saved;
+            return rc;
+        }
+        counts.open++;
+        push_newest(id, e);
+    } else if (newest != id) {
+        unlink_open(e);
+        push_newest(id, e);
+    }
+    e->users++;
+    int32_t fd = e->fd;
+    pthread_mutex_unlock(&lock);
+    return fd;
+}
+
+void mmfs_file_release(int64_t id) {
+    pthread_mutex_lock(&lock);
+    entry *e = id >= 1 && id <= used ? &entries[id - 1] : NULL;
+    if (e && e->path && e->users > 0 && --e->users == 0) {
+        if (e->forgotten) drop(id, e);
+        else if (counts.open > counts.limit) close_idle(counts.limit);
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void mmfs_files_heads(const int64_t *ids, int64_t n, int32_t size, uint8_t *out, int32_t *got) {
+    for (int64_t i = 0; i < n; ++i) {
+        int32_t fd = mmfs_file_acquire(ids[i]);
+        if (fd < 0) {
+            got[i] = fd;
+            continue;
+        }
+        ssize_t k;
+        do {
+            k = pread(fd, out + i * (int64_t)size, (size_t)size, 0);
+        } while (k < 0 && errno == EINTR);
+        got[i] = k < 0 ? MMFS_E_IO : (int32_t)k;
+        mmfs_file_release(ids[i]);
+    }
+}
+
+int64_t mmfs_file_path(int64_t id, char *out, int64_t capacity) {
+    pthread_mutex_lock(&lock);
+    entry *e = find(id);
+    int64_t n = -1;
+    if (e) {
+        n = (int64_t)strlen(e->path);
+        if (capacity > 0) {
+            int64_t m = n < capacity - 1 ? n : capacity - 1;
+            memcpy(out, e->path, (size_t)m);
+            out[m] = 0;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+void mmfs_files_set_limit(int32_t max_open) {
+    pthread_mutex_lock(&lock);
+    counts.limit = max_open > 0 ? max_open : 1;
+    close_idle(counts.limit);
+    pthread_mutex_unlock(&lock);
+}
+
+void mmfs_files_counts_get(mmfs_files_counts *out) {
+    pthread_mutex_lock(&lock);
+    *out = counts;
+    pthread_mutex_unlock(&lock);
+}
+
+void *mmfs_map_file(int32_t fd, int64_t length) {
+    if (length <= 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    void *p = mmap(NULL, (size_t)length, PROT_READ, MAP_SHARED, fd, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+int mmfs_unmap(void *address, int64_t length) {
+    return munmap(address, (size_t)length);
+}

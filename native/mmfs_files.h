@@ -1,0 +1,63 @@
+/* Local files the readers read with pread, opened on first use and closed when
+ * idle: a mount of ten thousand datasets (eight files each) holds a few hundred
+ * descriptors at most, whatever the blend.
+ *
+ * Each file is known by an id (> 0, never reused in the process). Its identity
+ * (size, mtime, inode), as the indices were made from it, is checked at every
+ * open: a file replaced or rewritten since gives MMFS_E_CHANGED (the read gets
+ * EIO and a log line), never its new bytes. Thread-safe: a descriptor in use by
+ * one reader is never closed under it.
+ */
+#ifndef MMFS_FILES_H
+#define MMFS_FILES_H
+#include <stdint.h>
+
+#define MMFS_E_CHANGED -12     /* a file is not the one the indices were made from */
+#define MMFS_UNKNOWN_IDENTITY -1 /* size, mtime or inode: take the first open's */
+
+/* Register a file (nothing is opened); its id (> 0), or MMFS_E_NOMEM. */
+int64_t mmfs_file_add(const char *path, int64_t size, int64_t mtime_ns, int64_t inode);
+
+/* Close a file and drop it (its id is never used again). */
+void mmfs_file_forget(int64_t id);
+
+/* An open descriptor of file id for one read (>= 0; opened here if it is not),
+ * or a negative MMFS_E_*: MMFS_E_CHANGED, MMFS_E_IO with errno set (the open
+ * failed), MMFS_E_ARG (no such id). Each descriptor got is given back with
+ * mmfs_file_release. */
+int32_t mmfs_file_acquire(int64_t id);
+void mmfs_file_release(int64_t id);
+
+/* The path of file id into out (NUL-terminated, cut to capacity); its length,
+ * or -1 for an id not known. */
+int64_t mmfs_file_path(int64_t id, char *out, int64_t capacity);
+
+/* Keep at most max_open descriptors open (idle ones are closed, least recently
+ * used first); descriptors in use are never closed, so more may be open for a
+ * moment while many threads read. */
+void mmfs_files_set_limit(int32_t max_open);
+
+/* The first `size` bytes of each of the files ids[0..n) into out + i * size (a
+ * header check of thousands of index files in one call); got[i]: how many bytes were
+ * read (fewer at a file's end), or a negative MMFS_E_* (see mmfs_file_acquire). */
+void mmfs_files_heads(const int64_t *ids, int64_t n, int32_t size, uint8_t *out, int32_t *got);
+
+/* What the table did so far, for tests and benchmarks. */
+typedef struct {
+    int64_t known;    /* files registered and not forgotten */
+    int64_t open;     /* descriptors open now */
+    int64_t limit;    /* the cap on open descriptors */
+    int64_t opened;   /* open(2) calls made */
+    int64_t closed;   /* descriptors closed to stay under the cap */
+    int64_t changed;  /* opens refused: the file was not the one registered */
+} mmfs_files_counts;
+
+void mmfs_files_counts_get(mmfs_files_counts *out);
+
+/* A read-only, shared map of bytes [0, length) of the file open as fd, which the
+ * caller may close at once (a map holds no descriptor; Python's mmap keeps one
+ * open per map). NULL with errno set when it cannot be mapped. */
+void *mmfs_map_file(int32_t fd, int64_t length);
+int mmfs_unmap(void *address, int64_t length);
+
+#endif
