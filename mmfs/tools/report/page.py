@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import re
 import stat
@@ -112,7 +113,7 @@ def page(figs: dict[str, Any]) -> str:
         f"<script>{_script_text(bundle)}</script>", "</head><body>",
         f"<h1>{html.escape(title)}</h1>", _summary_html(figs), _warnings_html(figs["warnings"]),
         *sections, _browser_html(figs.get("browser")),
-        f"<script type='application/json' id='mmfs-data'>{_script_text(json.dumps(payload))}</script>",
+        f"<script type='application/json' id='mmfs-data'>{json_block(payload)}</script>",
         f"<script>{_script_text(script)}</script>", "</body></html>", ""])
 
 
@@ -140,6 +141,34 @@ def vega_bundle(vl_convert, vl_version: str) -> str:
     except OSError:  # a read-only home: made again next time
         pass
     return bundle
+
+
+# What may not stand as itself in the page's JSON block: `<` (it could open `</script>` or
+# `<!--`, which change how the HTML parser reads a script element), `>` and `&` (for
+# good measure), U+2028/9 (line ends to older JavaScript) and lone surrogates (no UTF-8
+# for them). Each is written as a \uXXXX escape: the same string to JSON.parse.
+_NOT_IN_BLOCK = re.compile("[<>&\u2028\u2029\ud800-\udfff]")
+
+
+def json_block(value: Any) -> str:
+    """`value` as the text of a <script type='application/json'> element: JSON that
+    JSON.parse reads back as it was, whatever strings it holds (non-finite numbers,
+    which JSON has not, as null)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except ValueError:  # NaN or infinity somewhere
+        text = json.dumps(_finite(value), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return _NOT_IN_BLOCK.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _script_text(text: str) -> str:
