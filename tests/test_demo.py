@@ -29,7 +29,7 @@ def test_demo_runs_and_unmounts(tmp_path):
         assert not is_mounted(mnt)
         assert (tmp_path / "demo-data" / "stdlib_code.idx").is_file()
         assert "path: ../demo-data/stdlib_code" in (tmp_path / "configs" / "demo.yaml").read_text()
-        page = tmp_path / "demo-data" / "report.html"  # the test extra installs mmfs[report]
+        page = tmp_path / "demo-data" / "report.html"
         assert f"open {page}" in out and page.stat().st_size > 100_000
     finally:
         force_unmount(mnt)

@@ -1,15 +1,12 @@
 """MOUNT/report.html: made on first use by `mmfs report`, kept, sized and dated as
-the mount's other files; a page that says how to install the extra when it is missing."""
+the mount's other files."""
 
 import os
-import subprocess
-import sys
 
 import yaml
 
 from golden_cases import write_case_config
 from mmfs.cli import main
-from mmfs.mount.report_file import report_page
 from mount_fixtures import mounted
 
 
@@ -35,19 +32,6 @@ def test_mount_serves_the_report(tmp_path):
         assert os.stat(page).st_size == st.st_size and page.read_bytes() == data  # kept
         assert main(["-q", "report", str(m.path), "-o", str(tmp_path / "of-mount.html")]) == 0  # MOUNT as target
         assert (tmp_path / "of-mount.html").read_bytes() == data
-
-
-def test_report_page_says_how_to_install_the_extra(tmp_path, monkeypatch):
-    shadow = tmp_path / "shadow" / "altair"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'altair'\", name='altair')\n")
-    monkeypatch.setenv("PYTHONPATH", str(shadow.parent))
-    config = str(_config(tmp_path))
-    page = report_page(config).decode()
-    assert "pip install &#x27;mmfs[report]&#x27;" in page and "altair is missing" in page
-    done = subprocess.run([sys.executable, "-m", "mmfs.cli", "report", config, "-o", str(tmp_path / "r.html")],
-                          capture_output=True, text=True)  # the command: one line, exit 2
-    assert (done.returncode, done.stderr.count("\n")) == (2, 1) and "pip install 'mmfs[report]'" in done.stderr
 
 
 def test_mount_of_a_run_in_phases_serves_its_report(tmp_path):

@@ -214,13 +214,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_report(config: Path, data_dir: Path) -> None:
-    """The demo's `mmfs report` page; optional: it needs the extra mmfs[report]."""
+    """The demo's `mmfs report` page."""
     page = (data_dir / "report.html").resolve()
     print("\n== the training mix as one page (opens from disk, no network):")
     if mmfs_cli("report", str(config), "-o", str(page)).returncode == 0:
         print(f"   open {page}")
-    else:
-        print("   (the page needs the report extra: .venv/bin/pip install -e '.[report]', then make demo again)")
 
 
 if __name__ == "__main__":

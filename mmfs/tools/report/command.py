@@ -33,6 +33,7 @@ from mmfs.tools.report.phases import (
     run_weights,
 )
 from mmfs.tools.report.warnings import blend_warnings
+from mmfs.tools.report.words import plural
 
 MAX_WINDOWS = 100  # points of the mix chart
 MAX_RANK_CELLS = 1 << 21  # ranks x datasets of the per-rank shares (larger: each dataset's spread only)
@@ -99,8 +100,9 @@ def _run(corpus, name: str, indices) -> tuple[Any, np.ndarray, dict[str, Any]]:
     order = np.arange(total, dtype=np.int64) if plan is None else stream_order(plan)
     run: dict[str, Any] = {"axis": "sample", "samples": len(order), "iterations": None, "notes": []}
     if plan is not None and len(order) < total:
-        run["notes"].append(f"{total - len(order)} samples at the end of the split make no whole micro-batch "
-                            "of every rank and are never read")
+        left = total - len(order)
+        run["notes"].append(f"{plural(left, 'sample')} at the end of the split {'makes' if left == 1 else 'make'} "
+                            f"no whole micro-batch of every rank and {'is' if left == 1 else 'are'} never read")
     schedule = None if t is None else t.schedule
     if name == "train" and schedule is not None:
         done = schedule.iteration_at(len(order))[0] - 1  # whole iterations in one pass of the sampler

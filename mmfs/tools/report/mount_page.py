@@ -1,8 +1,7 @@
 """MOUNT/report.html's bytes: `mmfs report`'s page of the mounted config or, when it
-cannot be made (the `mmfs[report]` extra is missing, say), a short page that says
-why and what to do. The mount runs this module in a child process
-(mmfs/mount/report_file.py), so that the figures, the plotting libraries and the
-JavaScript runtime that bundles the page's scripts never load into the daemon:
+cannot be made (a dataset gone since the mount, say), a short page that says why and
+what to do. The mount runs this module in a child process (mmfs/mount/report_file.py),
+so that the figures and their memory never load into the daemon:
 
     python -m mmfs.tools.report.mount_page CONFIG OUT.html
 
@@ -24,10 +23,10 @@ ERROR_PREFIX = "mmfs: error: "
 def mount_page(config_path: str) -> tuple[bytes, str | None]:
     """(the page of `mmfs report CONFIG`, None), or (a page saying why there is none, why)."""
     from mmfs.tools.report.command import report
-    from mmfs.tools.report.page import page
+    from mmfs.tools.report.page import page_bytes
 
     try:
-        return page(report(config_path)).encode("utf-8"), None
+        return page_bytes(report(config_path)), None
     except MmfsError as exc:
         return not_made_page(str(exc)).encode("utf-8"), str(exc)
 
