@@ -82,11 +82,14 @@ def test_every_chart_and_row_is_drawn_with_no_error_and_no_script_run(hostile, c
         assert chart["series"] == ["hostile", "plain"], name
     tags = _Tags()
     tags.feed(done.stdout)
+    body = done.stdout[done.stdout.index("<body"):done.stdout.index('<script type="application/json"')]
     assert MARK not in tags.attributes["body"]  # the payloads' script set no attribute on <body>
     assert "img" not in tags.attributes  # and no markup of theirs became an element
     assert main(["which", str(config), "--iteration", "1", "--rank", "0", "--text", "--json"]) == 0
     expected = [p["text"] for mb in json.loads(capsys.readouterr().out)["ranks"][0]["microbatches"]
                 for s in mb["samples"] for p in s["pieces"]]
+    for c in ("0000", "202E", "200F", "2066", "2028"):  # shown as code points, not as themselves
+        assert f'data-char="{c}"' in done.stdout and chr(int(c, 16)) not in body, c
     shown = [r["cells"][-1] for r in dom.rows]
     assert len(shown) == len(expected) and any("NUL" in t for t in expected)
     assert shown == expected

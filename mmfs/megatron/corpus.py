@@ -22,6 +22,7 @@ from mmfs.megatron.phases.build import PhasedBuilder as Builder
 from mmfs.megatron.reader import SplitReader, TokenSource
 from mmfs.megatron.tokenized import ensure_tokenized
 from mmfs.storage import scheme_of
+from mmfs.storage.settings import configure as configure_storage
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +152,10 @@ def _collector_paused():
             gc.enable()
 
 
-def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | None = None,
+def open_corpus(config_path: str | Config, progress: bool = True, map_limit_mb: int | None = None,
                 jobs: int | None = None) -> Corpus:
-    """Load a config, open its datasets and build (or load) every index.
+    """Load a config (or take one loaded before: a mount's, as it was when mounted), open
+    its datasets and build (or load) every index.
 
     progress: log what is being built, with timings (logging level INFO).
     map_limit_mb: keep at most this many MB of index and token files mapped and
@@ -164,10 +166,14 @@ def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | Non
         return _open_corpus(config_path, progress, map_limit_mb, jobs)
 
 
-def _open_corpus(config_path: str, progress: bool, map_limit_mb: int | None,
+def _open_corpus(config_path: str | Config, progress: bool, map_limit_mb: int | None,
                  jobs: int | None) -> Corpus:
     t0 = time.perf_counter()
-    config = load_config(config_path)
+    if isinstance(config_path, Config):
+        config = config_path
+        configure_storage(config.storage)  # as load_config does, before any dataset is looked at
+    else:
+        config = load_config(config_path)
     specs = config.all_datasets
     for spec in specs:
         if spec.text is not None:

@@ -35,6 +35,8 @@ from typing import Any
 import fuse as fusepy
 
 from mmfs.errors import MmfsError, MountError
+from mmfs.mount.contract import REPORT
+from mmfs.mount.kernel_cache import KernelCache
 from mmfs.mount.latency import LatencyGuard
 from mmfs.mount.options import MountOptions
 from mmfs.mount.prefetch import Prefetcher
@@ -146,6 +148,8 @@ class Daemon(fusepy.FUSE):
         self._keep: list[Any] = []
         self._failed = FailedReads()
         self.failures = FoldedFailures(log.error, fold_seconds)  # closed when the mount ends
+        self._kernel = KernelCache()
+        self._tree.report.on_made = lambda: self._kernel.forget_root_entry(REPORT)
 
     # -- the table ---------------------------------------------------------------
 
@@ -188,6 +192,7 @@ class Daemon(fusepy.FUSE):
         return -errno.ENOSYS
 
     def fgetattr(self, path: bytes, buf: Any, fip: Any) -> int:
+        self._kernel.learn_channel()
         try:
             node = self._tree.lookup(path.decode("utf-8", "surrogateescape"))
             if node is None:
@@ -365,6 +370,7 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions | None = None) -> N
         daemon.serve(mountpoint, ["-f"] + ([] if threads else ["-s"]), opts)
     finally:
         daemon.failures.close()
+        tree.close()
         guard.close()
         if prefetcher is not None:
             prefetcher.stop()
