@@ -19,6 +19,7 @@ from mmfs import __version__
 from mmfs.config.schema import SPLITS
 from mmfs.errors import MmfsError
 from mmfs.megatron import open_corpus
+from mmfs.megatron.indices.blend import blend_rounding
 from mmfs.megatron.indices.mix import dataset_of, epochs_in_index, gpt_samples, sample_cuts, sequence_lengths
 from mmfs.megatron.indices.splits import normalize
 from mmfs.megatron.phases.sampling import split_sampler
@@ -167,10 +168,30 @@ def _split(corpus, name: str, indices, lengths: dict[str, np.ndarray]) -> dict[s
         "mix": {"windows": windows, "counts": mix, "bands": bands},
         "ranks": None if plan is None else _ranks(plan, which, datasets, drawn),
     }
+    rounding = _rounding(corpus, name, indices) if not phased else None
+    if rounding is not None:
+        out["rounding"] = rounding
     if phased:
         out["phases"] = phase_figures(indices, corpus.splits[name], groups, schedule, t)
         bands += phase_bands(out["phases"], run)
     return out
+
+
+def _rounding(corpus, name: str, indices) -> dict[str, Any] | None:
+    """When a blended split holds more samples than asked: the numbers (as `mmfs build`
+    says them, from megatron/indices/blend.py's blend_rounding) and a sentence."""
+    asked = corpus.config.samples.get(name)
+    if asked is None or indices.blend is None or indices.blend.weights is None:
+        return None
+    per_dataset = blend_rounding(asked, indices.blend.weights)
+    if per_dataset is None:
+        return None
+    total = sum(per_dataset)
+    each = ", ".join(f"{g.spec.name} {n:,}" for g, n in zip(indices.gpts, per_dataset))
+    return {"asked": asked, "samples": total, "per_dataset": per_dataset,
+            "note": f"{name}: {total:,} samples, {total - asked:,} more than the {asked:,} asked "
+                    f"({corpus.config.samples_key(name)}): Megatron's blend gives each dataset "
+                    f"ceil({asked:,} x its weight) samples ({each})"}
 
 
 def _gpt_row(corpus, g, samples: np.ndarray, run_samples: int, lengths: np.ndarray) -> dict[str, Any]:

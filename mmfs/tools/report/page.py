@@ -182,7 +182,8 @@ def _split_html(split: str, s: dict[str, Any]) -> str:
     run = s["run"]
     extent = (f"{plural(run['iterations'], 'iteration')}, {plural(run['samples'], 'sample')}"
               if run["axis"] == "iteration" else plural(run["samples"], "sample"))
-    notes = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in run["notes"])
+    rounding = [s["rounding"]["note"]] if s.get("rounding") else []
+    notes = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in rounding + run["notes"])
     kinds = ["blend", "mix", "lengths", "cuts"] + (["ranks"] if s.get("ranks") else [])
     charts = "".join(f"<div class='chart' id='chart-{k}-{split}' data-chart='{k}-{split}'></div>" for k in kinds)
     phases = s.get("phases")
