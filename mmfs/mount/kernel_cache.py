@@ -16,13 +16,17 @@ log = logging.getLogger(__name__)
 ROOT_NODE = 1  # FUSE_ROOT_ID: the node id of the mount's root
 
 _libfuse = fusepy._libfuse
-_libfuse.fuse_get_session.restype = ctypes.c_void_p
-_libfuse.fuse_get_session.argtypes = [ctypes.c_void_p]
-_libfuse.fuse_session_next_chan.restype = ctypes.c_void_p
-_libfuse.fuse_session_next_chan.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-_libfuse.fuse_lowlevel_notify_inval_entry.restype = ctypes.c_int
-_libfuse.fuse_lowlevel_notify_inval_entry.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_char_p,
-                                                      ctypes.c_size_t]
+try:  # (libfuse >= 2.8)
+    _libfuse.fuse_get_session.restype = ctypes.c_void_p
+    _libfuse.fuse_get_session.argtypes = [ctypes.c_void_p]
+    _libfuse.fuse_session_next_chan.restype = ctypes.c_void_p
+    _libfuse.fuse_session_next_chan.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    _libfuse.fuse_lowlevel_notify_inval_entry.restype = ctypes.c_int
+    _libfuse.fuse_lowlevel_notify_inval_entry.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_char_p,
+                                                          ctypes.c_size_t]
+    NOTIFIES = True
+except AttributeError:
+    NOTIFIES = False
 
 
 class KernelCache:
@@ -34,7 +38,7 @@ class KernelCache:
     def learn_channel(self) -> None:
         """Take the channel from the context of the request being served (call it from a
         handler; the kernel's first request, the root's getattr, is one)."""
-        if self._channel is None:
+        if self._channel is None and NOTIFIES:
             context = _libfuse.fuse_get_context()
             fuse = context.contents.fuse if context else None
             session = _libfuse.fuse_get_session(fuse) if fuse else None

@@ -47,7 +47,7 @@ class ReportFile:
         self.mtime_ns = mtime_ns
         self.on_made: Callable[[], None] | None = None  # set by the FUSE adapter
         self.made = threading.Event()  # set once the page (or a page saying why not) is made
-        self._snapshot = pickle.dumps(config)  # the mount's own config, for the child
+        self._config = config  # the mount's own (a frozen Config), pickled for the child
         self._lock = threading.Lock()
         self._served = BEING_MADE  # what a read gets
         self._made: bytes | None = None  # the page, made while the note's size was out
@@ -104,7 +104,7 @@ class ReportFile:
         snapshot, out = os.path.join(folder, "config.pickle"), os.path.join(folder, "report.html")
         try:
             with open(snapshot, "wb") as f:
-                f.write(self._snapshot)
+                pickle.dump(self._config, f)
             with self._lock:
                 if self._closed:
                     return b""
@@ -127,7 +127,7 @@ class ReportFile:
             self._child.kill()
             self._child.wait()
             why = f"the page maker took more than {TIMEOUT:.0f} s; run `mmfs report CONFIG -o report.html`"
-        except OSError as exc:
+        except (OSError, pickle.PicklingError, TypeError, AttributeError) as exc:
             why = f"the page maker could not run: {exc}"
         finally:
             shutil.rmtree(folder, ignore_errors=True)

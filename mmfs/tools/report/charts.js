@@ -259,7 +259,8 @@ const mmfsCharts = (function () {
     const all = spec.points.flat();
     const max = Math.max(...all.map(p => p[1]), 0);
     const box = frame(root, spec, width, max, 0);
-    let lo = Math.min(...all.map(p => p[0])), hi = Math.max(...all.map(p => p[0]));
+    let lo = Math.min(...all.map(p => p[0]), Infinity), hi = Math.max(...all.map(p => p[0]), 0);
+    if (!all.length) { lo = 1; hi = 10; }
     if (!(hi > lo)) { lo = lo / 2; hi = hi * 2 || 1; }
     const log = spec.x.log, f = log ? Math.log10 : (v => v);
     const scale = linear(f(lo), f(hi), box.left, box.left + box.width);

@@ -228,7 +228,7 @@ def _browser_html(browser: dict[str, Any] | None) -> str:
 
 # Narrow screens first: nothing is wider than the window; a table scrolls in its own box.
 STYLE = """
-html { overflow-y: scroll; }
+html { overflow-y: scroll; }  /* room for a scroll bar from the start: no chart is drawn for a wider box */
 body { font-family: sans-serif; margin: 0 auto; padding: 0.5em 1em 2em; color: #222; max-width: 1100px;
        overflow-wrap: anywhere; line-height: 1.35; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; } h3 { font-size: 1em; }
