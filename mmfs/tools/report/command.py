@@ -184,7 +184,7 @@ def _rounding(corpus, name: str, indices) -> dict[str, Any] | None:
     if asked is None or indices.blend is None or indices.blend.weights is None:
         return None
     per_dataset = blend_rounding(asked, indices.blend.weights)
-    if per_dataset is None:
+    if per_dataset is None or sum(per_dataset) != len(indices):  # (a relaunch's own split is asked for other counts)
         return None
     total = sum(per_dataset)
     each = ", ".join(f"{g.spec.name} {n:,}" for g, n in zip(indices.gpts, per_dataset))
