@@ -40,6 +40,7 @@ MAX_WINDOWS = 100  # points of the mix chart
 MAX_RANK_CELLS = 1 << 21  # ranks x datasets of the per-rank shares (larger: each dataset's spread only)
 BROWSER_SAMPLES = 2000  # samples the page's browser holds at most (whole iterations, at least one)
 BROWSER_ITERATIONS = 24
+NOTE_DATASETS = 8  # named with their counts in the rounding note
 PRINTED_WARNINGS = 10  # by the command; the page and --json have them all
 TEXT_CHARS = 2000  # of each piece's decoded text in the browser
 # Document length bins: powers of two in half steps, 1 .. 2**31.
@@ -187,7 +188,9 @@ def _rounding(corpus, name: str, indices) -> dict[str, Any] | None:
     if per_dataset is None or sum(per_dataset) != len(indices):  # (a relaunch's own split is asked for other counts)
         return None
     total = sum(per_dataset)
-    each = ", ".join(f"{g.spec.name} {n:,}" for g, n in zip(indices.gpts, per_dataset))
+    each = ", ".join(f"{g.spec.name} {n:,}" for g, n in zip(indices.gpts[:NOTE_DATASETS], per_dataset))
+    if len(per_dataset) > NOTE_DATASETS:  # (every dataset's count is in per_dataset)
+        each += f", and {len(per_dataset) - NOTE_DATASETS:,} more datasets"
     return {"asked": asked, "samples": total, "per_dataset": per_dataset,
             "note": f"{name}: {total:,} samples, {total - asked:,} more than the {asked:,} asked "
                     f"({corpus.config.samples_key(name)}): Megatron's blend gives each dataset "
