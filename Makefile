@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CORE := $(VENV)/.installed-core
 TESTS := $(VENV)/.installed-test
 
-.PHONY: demo test install install-test system-deps browser bench clean
+.PHONY: demo test install install-test system-deps browser bench clean report-png
 
 system-deps:
 	@command -v fusermount >/dev/null 2>&1 || { \
@@ -44,6 +44,10 @@ install-test: install $(TESTS)
 
 demo: install
 	$(PY) -m mmfs.tools.demo
+
+# docs/report.png: the demo's report page, as the README shows it.
+report-png: install browser
+	$(PY) -m mmfs.tools.demo --screenshot docs/report.png
 
 test: install-test browser
 	$(PY) -m pytest -q

@@ -23,12 +23,20 @@ def pid_alive(pid: int) -> bool:
 # found there) and puts this folder first only when it is not on the path already
 # (a site-packages stays behind the standard library).
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_RUN_CLI = ("import sys; home = sys.argv.pop(1); sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
-            "home in sys.path or sys.path.insert(0, home); from mmfs.cli import main; sys.exit(main())")
+_RUN_MODULE = ("import sys, importlib; home, module = sys.argv.pop(1), sys.argv.pop(1); "
+               "sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+               "home in sys.path or sys.path.insert(0, home); "
+               "sys.exit(importlib.import_module(module).main(sys.argv[1:]))")
 
 
 def mmfs_command(*args: str) -> list[str]:
     """The command line that runs `mmfs ARGS` in a child process with this very mmfs,
     whatever folder the child starts in (`python -m mmfs.cli` would import an `mmfs/`
     of that folder)."""
-    return [sys.executable, "-c", _RUN_CLI, _PACKAGE_PARENT, *args]
+    return module_command("mmfs.cli", *args)
+
+
+def module_command(module: str, *args: str) -> list[str]:
+    """The command line that runs `module.main([ARGS])` of this very mmfs in a child
+    process (its return value is the exit code), as mmfs_command does the CLI."""
+    return [sys.executable, "-c", _RUN_MODULE, _PACKAGE_PARENT, module, *args]

@@ -1,6 +1,7 @@
 """`mmfs report --json`: the figures against megatron-core's own indices (the golden
 cases), the warnings, and the sampler order the mix and rank figures are counted in."""
 
+import html
 import json
 import os
 import shutil
@@ -187,3 +188,25 @@ def test_rank_spread_by_chunks_is_the_full_spread(monkeypatch):
     assert "counts" not in chunked and "note" in chunked
     for key in ("share_min", "share_max", "max_deviation"):
         assert chunked[key] == pytest.approx(full[key]), key
+
+
+def test_a_split_of_more_samples_than_asked_says_so_with_the_numbers(tmp_path):
+    """Megatron's blend gives each dataset ceil(asked x weight) samples: valid 16 of
+    0.7/0.3 is 12 + 5 = 17 samples. The split's figures and the page say so; a split
+    that gets what it asked (train 1200) says nothing."""
+    path = write_case_config("p2_blend2_u16", tmp_path)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["samples"]["valid"] = 16
+    path.write_text(yaml.safe_dump(cfg))
+    figs = report(str(path), browser=False)
+    valid = figs["splits"]["valid"]
+    assert valid["samples"] == 17
+    assert {k: valid["rounding"][k] for k in ("asked", "samples", "per_dataset")} == \
+        {"asked": 16, "samples": 17, "per_dataset": [12, 5]}
+    assert valid["rounding"]["note"] == ("valid: 17 samples, 1 more than the 16 asked (samples.valid): Megatron's "
+                                         "blend gives each dataset ceil(16 x its weight) samples (u16_docs 12, "
+                                         "u16_small 5)")
+    assert "rounding" not in figs["splits"]["train"]
+    page = tmp_path / "page.html"
+    assert main(["-q", "report", str(path), "-o", str(page)]) == 0
+    assert html.escape(valid["rounding"]["note"]) in page.read_text()

@@ -1,16 +1,27 @@
-"""MOUNT/report.html: made on first use by `mmfs report`, kept, sized and dated as
-the mount's other files; a page that says how to install the extra when it is missing."""
+"""MOUNT/report.html: made in the background by a child process from the mount's own
+snapshot of the config, a short page saying so until then, kept, sized and dated as
+the mount's other files; serving never waits for it."""
 
 import os
-import subprocess
-import sys
+import time
 
 import yaml
 
 from golden_cases import write_case_config
 from mmfs.cli import main
-from mmfs.mount.report_file import report_page
+from mmfs.mount.report_file import BEING_MADE, PAGE_MAKER
 from mount_fixtures import mounted
+
+# Put on the PYTHONPATH of a mount (sitecustomize runs first in every Python process of
+# it): holds the page maker child, and only it, until the test creates the release file.
+HOLD = f"""
+import os, sys, time
+if {PAGE_MAKER!r} in sys.argv:
+    open(os.environ["MMFS_TEST_HELD"], "w").close()
+    deadline = time.monotonic() + 300  # never left behind for good
+    while not os.path.exists(os.environ["MMFS_TEST_RELEASE"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+"""
 
 
 def _config(tmp_path):
@@ -21,14 +32,29 @@ def _config(tmp_path):
     return path
 
 
+def wait_until(ready, what: str, timeout: float = 300.0):
+    """Wait for an event seen from outside (a file appears, a page replaces the note)."""
+    deadline = time.monotonic() + timeout
+    while not (found := ready()):
+        assert time.monotonic() < deadline, f"no {what} after {timeout:.0f} s"
+        time.sleep(0.02)
+    return found
+
+
+def read_page(path) -> bytes:
+    """report.html once the page replaced the note (the mount has the kernel forget the
+    note's size when the page is made: a new open sees the page)."""
+    return wait_until(lambda: (data := path.read_bytes()) != BEING_MADE and data, "page in place of the note")
+
+
 def test_mount_serves_the_report(tmp_path):
     config = _config(tmp_path)
     assert main(["-q", "report", str(config), "-o", str(tmp_path / "cli.html")]) == 0
     with mounted(config, tmp_path / "mnt") as m:
         assert "report.html" in os.listdir(m.path)
         page = m.file("report.html")
+        data = read_page(page)
         st = os.stat(page)
-        data = page.read_bytes()
         assert st.st_size == len(data)
         assert data == (tmp_path / "cli.html").read_bytes()
         assert st.st_mtime_ns == os.stat(m.file("mmfs.json")).st_mtime_ns
@@ -37,17 +63,45 @@ def test_mount_serves_the_report(tmp_path):
         assert (tmp_path / "of-mount.html").read_bytes() == data
 
 
-def test_report_page_says_how_to_install_the_extra(tmp_path, monkeypatch):
-    shadow = tmp_path / "shadow" / "altair"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'altair'\", name='altair')\n")
-    monkeypatch.setenv("PYTHONPATH", str(shadow.parent))
-    config = str(_config(tmp_path))
-    page = report_page(config).decode()
-    assert "pip install &#x27;mmfs[report]&#x27;" in page and "altair is missing" in page
-    done = subprocess.run([sys.executable, "-m", "mmfs.cli", "report", config, "-o", str(tmp_path / "r.html")],
-                          capture_output=True, text=True)  # the command: one line, exit 2
-    assert (done.returncode, done.stderr.count("\n")) == (2, 1) and "pip install 'mmfs[report]'" in done.stderr
+def test_a_read_returns_while_report_html_is_made(tmp_path, monkeypatch):
+    """A local mount serves with one thread: the first stat of report.html starts the page
+    maker and answers at once with the note's size; with the maker held, a sample read
+    returns and report.html still reads as the note; released, the page replaces it."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "sitecustomize.py").write_text(HOLD)
+    held, release = tmp_path / "held", tmp_path / "release"
+    monkeypatch.setenv("PYTHONPATH", str(gate))
+    monkeypatch.setenv("MMFS_TEST_HELD", str(held))
+    monkeypatch.setenv("MMFS_TEST_RELEASE", str(release))
+    config = _config(tmp_path)
+    assert main(["-q", "report", str(config), "-o", str(tmp_path / "cli.html")]) == 0
+    try:
+        with mounted(config, tmp_path / "mnt") as m:
+            page = m.file("report.html")
+            assert os.stat(page).st_size == len(BEING_MADE)
+            wait_until(held.exists, "page maker child")  # it runs, and waits for the release
+            info = yaml.safe_load(m.file("mmfs.json").read_text())
+            assert len(m.file("samples/0000000.bin").read_bytes()) == info["bytes_per_sample"]
+            assert page.read_bytes() == BEING_MADE and not release.exists()  # the page is still being made
+            release.touch()
+            assert read_page(page) == (tmp_path / "cli.html").read_bytes()
+    finally:
+        release.touch()
+
+
+def test_the_page_is_of_the_config_as_mounted(tmp_path):
+    """A config edited after mounting changes neither mmfs.json nor report.html."""
+    config = _config(tmp_path)
+    assert main(["-q", "report", str(config), "-o", str(tmp_path / "cli.html")]) == 0
+    with mounted(config, tmp_path / "mnt") as m:
+        cfg = yaml.safe_load(config.read_text())
+        cfg["sequence_length"] *= 2
+        config.write_text(yaml.safe_dump(cfg))
+        data = read_page(m.file("report.html"))
+        assert data == (tmp_path / "cli.html").read_bytes()
+        manifest = yaml.safe_load(m.file("mmfs.json").read_text())
+        assert f"{manifest['tokens_per_sample']:,} tokens per sample".encode() in data
 
 
 def test_mount_of_a_run_in_phases_serves_its_report(tmp_path):
@@ -55,7 +109,7 @@ def test_mount_of_a_run_in_phases_serves_its_report(tmp_path):
 
     config = write(tmp_path, "continue")
     with mounted(config, tmp_path / "mnt") as m:
-        data = m.file("report.html").read_bytes()
+        data = read_page(m.file("report.html"))
         assert main(["-q", "report", str(m.path), "-o", str(tmp_path / "of-mount.html")]) == 0
     assert data == (tmp_path / "of-mount.html").read_bytes()
     assert data.count(b"<h3 class='phase'") == 3

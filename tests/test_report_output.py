@@ -3,11 +3,14 @@ figures are made; nothing at the path is replaced unless it is a regular file.""
 
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
 from golden_cases import write_case_config
 from mmfs.cli import main
+from mount_fixtures import ROOT
 
 
 @pytest.fixture
@@ -62,3 +65,16 @@ def test_iterations_that_are_not_numbers(config, tmp_path, capsys):
         main(["report", config, "--iterations", "3,abc", "-o", str(tmp_path / "x.html")])
     assert exit_.value.code == 2
     _one_line(capsys, "'3,abc' is not a comma-separated list of whole numbers")
+
+
+def test_a_fifo_at_the_old_script_bundle_path_is_never_read(config, tmp_path, monkeypatch):
+    """The page draws its own charts: nothing is read from the per-user cache folder, so a
+    FIFO where a Vega bundle was cached (XDG_CACHE_HOME/mmfs/report/vega-*.js), which
+    blocked `mmfs report -o`, is not opened."""
+    folder = tmp_path / "cache" / "mmfs" / "report"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "vega-1.9.0.post1-v6_4.js")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-m", "mmfs.cli", "-q", "report", config, "-o", str(tmp_path / "r.html")],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert (done.returncode, done.stderr) == (0, "") and (tmp_path / "r.html").stat().st_size > 0

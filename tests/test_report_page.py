@@ -66,7 +66,8 @@ def rendered(page, tmp_path_factory):
 
 
 class _Dom(HTMLParser):
-    """The status block and the sample browser's rows of a dumped page."""
+    """The status block and the sample browser's rows of a dumped page (a character the
+    page shows as its code point, <span class='ctl' data-char='HEX'>, read as itself)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -84,11 +85,16 @@ class _Dom(HTMLParser):
         elif tag == "td" and self.rows:
             self._in = "cell"
             self._cell = []
+        elif tag == "span" and self._in == "cell" and "data-char" in a:
+            self._cell.append(chr(int(a["data-char"], 16)))
+            self._in = "code point"
 
     def handle_endtag(self, tag):
         if tag == "td" and self._in == "cell":
             self.rows[-1]["cells"].append("".join(self._cell))
             self._in = None
+        elif tag == "span" and self._in == "code point":
+            self._in = "cell"
         elif tag == "pre" and self._in == "status":
             self._in = None
 

@@ -13,7 +13,7 @@ from format_helpers import document_tokens
 from golden_cases import case_names, expected_samples, write_case_config
 from mmfs.megatron import open_corpus
 from mmfs.mount.contract import DOCUMENTS, SEQUENCES, XATTR_DATASET, XATTR_PIECES, dataset_dir, name_width
-from mmfs.mount.report_file import MadeFile
+from mmfs.mount.report_file import BEING_MADE
 from mmfs.mount.tree import (
     DIR_MODE,
     FILE_MODE,
@@ -134,18 +134,22 @@ def test_listing_resumes_at_any_offset(tree: Tree):
     assert list(tree.entries(root, 2)) == full_root[2:]
 
 
-def test_listing_does_not_make_a_made_file(tree: Tree):
-    """A listing gives each entry's type; report.html's size (made by an `mmfs report`
-    child) is asked only by a stat of it, not by `ls` or os.listdir of the root."""
-    made = []
-    page = MadeFile(lambda: made.append(1) or b"<html></html>", 0)
-    root = Dir(0, {"mmfs.json": Blob(b"{}", 0), "train": Dir(0), "samples": Link("train/samples", 0),
-                   "report.html": page})
-    listed = list(tree.entries(root))
-    assert listed == [("mmfs.json", FILE_MODE), ("train", DIR_MODE), ("samples", LINK_MODE),
-                      ("report.html", FILE_MODE)]
-    assert made == []
-    assert tree.attr(page).size == len(b"<html></html>") and made == [1]
+def test_report_html_is_made_in_the_background_on_first_stat(tmp_path):
+    """A listing gives each entry's type without making report.html; its first size starts
+    a child that makes it and is the note's; a read gets the note until the size is asked
+    again once the page is made (the kernel reads no further than the size it was given)."""
+    tree = Tree(open_corpus(str(write_case_config("p2_blend2_u16", tmp_path)), progress=False))
+    report = tree.lookup("/report.html")
+    assert ("report.html", FILE_MODE) in list(tree.entries(tree.root))
+    assert not report.started
+    assert tree.attr(report).size == len(BEING_MADE) and report.started
+    assert tree.read(report, 0, 1 << 20) == BEING_MADE
+    assert report.made.wait(300)
+    assert tree.read(report, 0, 1 << 20) == BEING_MADE  # its size was not asked since
+    page = tree.read(report, 0, tree.attr(report).size)
+    assert len(page) == tree.attr(report).size and b"id='mmfs-data'" in page
+    assert tree.read(report, 0, 1 << 30) == page
+    tree.close()
 
 
 def test_samples_bytes_and_ranges(tree: Tree):

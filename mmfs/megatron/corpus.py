@@ -24,6 +24,7 @@ from mmfs.megatron.reader import SplitReader, TokenSource
 from mmfs.megatron.tokenized import ensure_tokenized
 from mmfs.storage import scheme_of
 from mmfs.storage.localfiles import DEFAULT_OPEN_FILES, fit_open_files
+from mmfs.storage.settings import configure as configure_storage
 
 log = logging.getLogger(__name__)
 
@@ -170,9 +171,10 @@ def _collector_paused():
             gc.enable()
 
 
-def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | None = None,
+def open_corpus(config_path: str | Config, progress: bool = True, map_limit_mb: int | None = None,
                 jobs: int | None = None) -> Corpus:
-    """Load a config, open its datasets and build (or load) every index.
+    """Load a config (or take one loaded before: a mount's, as it was when mounted), open
+    its datasets and build (or load) every index.
 
     progress: log what is being built, with timings (logging level INFO).
     map_limit_mb: keep at most this many MB of index and token files mapped and
@@ -183,7 +185,7 @@ def open_corpus(config_path: str, progress: bool = True, map_limit_mb: int | Non
         return _open_corpus(config_path, progress, map_limit_mb, jobs)
 
 
-def _open_corpus(config_path: str, progress: bool, map_limit_mb: int | None,
+def _open_corpus(config_path: str | Config, progress: bool, map_limit_mb: int | None,
                  jobs: int | None) -> Corpus:
     t0 = time.perf_counter()
     sampling_log = logging.getLogger("mmfs.megatron")
@@ -191,10 +193,13 @@ def _open_corpus(config_path: str, progress: bool, map_limit_mb: int | None,
     if not progress:
         sampling_log.setLevel(logging.WARNING)
     try:
-        opened = _from_record(config_path, jobs)
+        # A Config given loaded (a mount's snapshot) may differ from its file on disk,
+        # which is what the record is checked against: it is resolved the full way.
+        opened = None if isinstance(config_path, Config) else _from_record(config_path, jobs)
         if opened is None:
             opened = _resolve(config_path, jobs)
-            resolved.write(*opened)
+            if not isinstance(config_path, Config):
+                resolved.write(*opened)
     finally:
         sampling_log.setLevel(saved_level)
     config, by_file, splits = opened
@@ -207,9 +212,13 @@ def _open_corpus(config_path: str, progress: bool, map_limit_mb: int | None,
     return corpus
 
 
-def _resolve(config_path: str, jobs: int | None) -> tuple[Config, dict, dict[str, SplitIndices]]:
+def _resolve(config_path: str | Config, jobs: int | None) -> tuple[Config, dict, dict[str, SplitIndices]]:
     """The config, its datasets opened and every split's indices built or loaded."""
-    config = load_config(config_path)
+    if isinstance(config_path, Config):
+        config = config_path
+        configure_storage(config.storage)  # as load_config does, before any dataset is looked at
+    else:
+        config = load_config(config_path)
     specs = config.all_datasets
     for spec in specs:
         if spec.text is not None:

@@ -42,8 +42,9 @@ from typing import Any
 import fuse as fusepy
 
 from mmfs.errors import MmfsError, MountError
-from mmfs.mount.contract import XATTR_COUNTERS
+from mmfs.mount.contract import REPORT, XATTR_COUNTERS
 from mmfs.mount.counters import Counters
+from mmfs.mount.kernel_cache import KernelCache
 from mmfs.mount.latency import LatencyGuard
 from mmfs.mount.options import MountOptions
 from mmfs.mount.prefetch import Prefetcher
@@ -169,6 +170,8 @@ class Daemon(fusepy.FUSE):
         self._failed = FailedReads()
         self.failures = FoldedFailures(log.error, fold_seconds)  # closed when the mount ends
         self._counters = operations.counters
+        self._kernel = KernelCache()
+        self._tree.report.on_made = lambda: self._kernel.forget_root_entry(REPORT)
 
     # -- the table ---------------------------------------------------------------
 
@@ -215,6 +218,7 @@ class Daemon(fusepy.FUSE):
         return -errno.ENOSYS
 
     def fgetattr(self, path: bytes, buf: Any, fip: Any) -> int:
+        self._kernel.learn_channel()
         try:
             node = self._tree.lookup(path.decode("utf-8", "surrogateescape"))
             if node is None:
@@ -392,6 +396,7 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions | None = None) -> N
         daemon.serve(mountpoint, ["-f"] + ([] if threads else ["-s"]), opts)
     finally:
         daemon.failures.close()
+        tree.close()
         guard.close()
         if prefetcher is not None:
             prefetcher.stop()

@@ -11,7 +11,7 @@ The directories of generated files are the registered views (declared in
 mmfs/mount/declarations.py, served through mmfs/mount/views.py):
 their files are found, sized and read through the registry, by the same C
 code that serves them under FUSE. The tree adds the directories above them,
-mmfs.json, report.html (made on first use: mmfs/mount/report_file.py) and the symlinks.
+mmfs.json, report.html (made in the background: mmfs/mount/report_file.py) and the symlinks.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from mmfs.mount.contract import (
 )
 from mmfs.mount.declarations import declare_views
 from mmfs.mount.manifest import manifest
-from mmfs.mount.report_file import MadeFile, report_page
+from mmfs.mount.report_file import ReportFile
 from mmfs.mount.streams import Streams
 from mmfs.mount.views import Registry, View
 from mmfs.native import lib
@@ -91,11 +91,11 @@ class Generated(NamedTuple):
     registry: Registry | None = None
 
 
-Node = Dir | Blob | MadeFile | Link | Generated
+Node = Dir | Blob | ReportFile | Link | Generated
 
 
 def mode_of(node: Node) -> int:
-    """A node's file type, known without its size (a MadeFile's is made on first use)."""
+    """A node's file type, known without its size (asking report.html's starts making it)."""
     return DIR_MODE if isinstance(node, Dir) else LINK_MODE if isinstance(node, Link) else FILE_MODE
 
 
@@ -171,8 +171,7 @@ class Tree:
             for kind in (DOCUMENTS, SEQUENCES):
                 self.root.entries[kind] = Link(dataset_dir(only, kind).lstrip("/"), t)
         self.root.entries[MANIFEST] = Blob(manifest_text(self.info).encode(), t)
-        config_path = self.info["config_path"]
-        self.root.entries[REPORT] = MadeFile(lambda: report_page(config_path), t)
+        self.report = self.root.entries[REPORT] = ReportFile(corpus.config, t)
         self.streams = Streams(corpus, t)
         for split in self.splits:
             self._dirs[f"/{split}"].entries[STREAMS] = self._dirs[streams_dir(split)] = Dir(t)
@@ -228,8 +227,10 @@ class Tree:
         if isinstance(node, Dir):
             subdirs = sum(isinstance(c, Dir) for c in node.entries.values())
             return Attr(DIR_MODE, 2 + subdirs, 0, node.mtime_ns)
-        if isinstance(node, (Blob, MadeFile)):
+        if isinstance(node, Blob):
             return Attr(FILE_MODE, 1, len(node.data), node.mtime_ns)
+        if isinstance(node, ReportFile):
+            return Attr(FILE_MODE, 1, node.size(), node.mtime_ns)
         return Attr(LINK_MODE, 1, len(node.target), node.mtime_ns)
 
     def stat(self, path: str) -> Attr | None:
@@ -254,8 +255,10 @@ class Tree:
             return b""
         if isinstance(node, Generated):
             return (node.registry or self.registry).read(node.view, node.index, offset, size)
-        if isinstance(node, (Blob, MadeFile)):
+        if isinstance(node, Blob):
             return node.data[offset : offset + size]
+        if isinstance(node, ReportFile):
+            return node.read(offset, size)
         raise IsADirectoryError(str(node))
 
     def readlink(self, node: Node) -> str | None:
@@ -268,6 +271,10 @@ class Tree:
         if isinstance(node, Generated) and name in node.view.xattr_names and node.view.xattrs:
             return node.view.xattrs(node.index).get(name)
         return None
+
+    def close(self) -> None:
+        """The mount is going away: stop what works in the background."""
+        self.report.close()
 
     def statfs(self) -> dict[str, int]:
         """Totals for `df`: every byte and file the mount presents."""

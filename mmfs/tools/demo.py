@@ -1,12 +1,16 @@
 """`make demo`: build a small corpus from text that ships with Python, mount
-it, look at a sample from the shell, unmount. No download.
+it, look at a sample from the shell, write the mount's report page, unmount. No
+download.
 
 Two byte-level datasets (token = byte value 0..255, EOD = 256, vocabulary 257,
 so uint16 on disk), one document per piece of text, EOD appended:
   code   the source of the standard library's top-level modules, one per file
   prose  the docstrings of those modules, their classes and functions
 
-    python -m mmfs.tools.demo [--data-dir demo-data] [--config configs/demo.yaml]
+    python -m mmfs.tools.demo [--data-dir demo-data] [--config configs/demo.yaml] [--screenshot PNG]
+
+--screenshot (with Debian's chromium, `make browser`) also takes the page's picture:
+`make report-png` makes docs/report.png so.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 import sysconfig
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -34,16 +39,20 @@ from mmfs.mount.contract import (
     KEY_SPLITS,
     KEY_TRAINING,
     MANIFEST,
+    REPORT,
     XATTR_DATASET,
     XATTR_PIECES,
     XATTR_SAMPLES,
     file_name,
     rank_dir,
 )
+from mmfs.mount.report_file import BEING_MADE
 from mmfs.processes import mmfs_command
 
 EOD = 256
 SAMPLE = 42
+SHOT = (1000, 1250)  # px: docs/report.png
+REPORT_WAIT = 300  # s: the mount makes the demo's page in a few
 
 
 def stdlib_files() -> list[Path]:
@@ -110,11 +119,11 @@ def config_text(config: Path, data_dir: Path) -> str:
           - path: {rel}/stdlib_prose
             name: prose
             weight: 0.3
-        split: "98,1,1"
+        split: "80,10,10"         # valid and test hold enough of both datasets for their samples
         samples:
           train: 2000
-          valid: 50
-          test: 50
+          valid: 40
+          test: 40
         sequence_length: 512
         seed: 1234
         tokenizer: {{eod: {EOD}, pad: null, vocab_size: 257}}
@@ -150,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default="demo-data", help="where the datasets go")
     parser.add_argument("--config", default="configs/demo.yaml", help="the config to write")
     parser.add_argument("--mountpoint", help="default: a new temporary directory")
+    parser.add_argument("--screenshot", metavar="PNG", help="also take a picture of the report page "
+                        f"({SHOT[0]}x{SHOT[1]}, headless Chromium), as docs/report.png is made")
     args = parser.parse_args(argv)
     data_dir, config = Path(args.data_dir), Path(args.config)
 
@@ -170,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     if mmfs_cli("-q", "mount", str(config), str(mnt), "--log", str(log)).returncode != 0:
         return 2
     print(f"mmfs: mounted (the daemon logs to {log})")
+    os.stat(mnt / REPORT)  # the mount starts making its report page, in the background
+    page = (data_dir / "report.html").resolve()
     try:
         # A sample cut from several documents shows provenance best.
         info = json.loads((mnt / MANIFEST).read_text())
@@ -204,23 +217,44 @@ def main(argv: list[str] | None = None) -> int:
         print(f'\n$ getfattr -n {XATTR_SAMPLES} {batch}\n{XATTR_SAMPLES}="'
               f'{os.getxattr(batch, XATTR_SAMPLES).decode()}"')
         mmfs_cli("which", str(mnt), "--iteration", "2", "--rank", "1")
+        copy_report(mnt, page)
     finally:
         # Unmount before printing anything: a closed stdout must not leave a mount.
         mmfs_cli("-q", "umount", str(mnt))
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n$ mmfs umount {mnt}\nmmfs: unmounted {mnt}")
-    write_report(config, data_dir)
+    print(f"\n== the training mix as one page (the same as `mmfs report {config} -o FILE.html` writes; "
+          "it opens from disk, no network):")
+    print(f"   open {page}")
+    if args.screenshot:
+        screenshot(page, Path(args.screenshot))
+        print(f"   its picture: {args.screenshot}")
     return 0
 
 
-def write_report(config: Path, data_dir: Path) -> None:
-    """The demo's `mmfs report` page; optional: it needs the extra mmfs[report]."""
-    page = (data_dir / "report.html").resolve()
-    print("\n== the training mix as one page (opens from disk, no network):")
-    if mmfs_cli("report", str(config), "-o", str(page)).returncode == 0:
-        print(f"   open {page}")
-    else:
-        print("   (the page needs the report extra: .venv/bin/pip install -e '.[report]', then make demo again)")
+def copy_report(mnt: Path, page: Path) -> None:
+    """MOUNT/report.html, once the mount has made it, copied to `page`."""
+    deadline = time.monotonic() + REPORT_WAIT
+    while (data := (mnt / REPORT).read_bytes()) == BEING_MADE:  # the kernel is told when the page replaces it
+        if time.monotonic() > deadline:
+            raise SystemExit(f"mmfs demo: {mnt / REPORT} was not made in {REPORT_WAIT} s (see the daemon log)")
+        time.sleep(0.1)
+    print(f"\n$ cp {mnt / REPORT} {page}", flush=True)
+    page.write_bytes(data)
+
+
+def screenshot(page: Path, png: Path) -> None:
+    """The top of the page in headless Chromium (no network: the page fetches nothing)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise SystemExit("mmfs demo: --screenshot needs Debian's chromium package (make browser)")
+    with tempfile.TemporaryDirectory(prefix="mmfs-shot-") as profile:
+        done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                               "--no-first-run", f"--user-data-dir={profile}", "--virtual-time-budget=10000",
+                               f"--window-size={SHOT[0]},{SHOT[1]}", f"--screenshot={png.resolve()}", page.as_uri()],
+                              capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 or not png.is_file():
+        raise SystemExit(f"mmfs demo: chromium took no picture: {done.stderr[-500:]}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from mmfs import __version__
 from mmfs.config.schema import SPLITS
 from mmfs.errors import MmfsError
 from mmfs.megatron import open_corpus
+from mmfs.megatron.indices.blend import blend_rounding
 from mmfs.megatron.indices.mix import dataset_of, epochs_in_index, gpt_samples, sample_cuts, sequence_lengths
 from mmfs.megatron.indices.splits import normalize
 from mmfs.megatron.phases.sampling import split_sampler
@@ -33,11 +34,13 @@ from mmfs.tools.report.phases import (
     run_weights,
 )
 from mmfs.tools.report.warnings import blend_warnings
+from mmfs.tools.report.words import plural
 
 MAX_WINDOWS = 100  # points of the mix chart
 MAX_RANK_CELLS = 1 << 21  # ranks x datasets of the per-rank shares (larger: each dataset's spread only)
 BROWSER_SAMPLES = 2000  # samples the page's browser holds at most (whole iterations, at least one)
 BROWSER_ITERATIONS = 24
+NOTE_DATASETS = 8  # named with their counts in the rounding note
 PRINTED_WARNINGS = 10  # by the command; the page and --json have them all
 TEXT_CHARS = 2000  # of each piece's decoded text in the browser
 # Document length bins: powers of two in half steps, 1 .. 2**31.
@@ -99,8 +102,9 @@ def _run(corpus, name: str, indices) -> tuple[Any, np.ndarray, dict[str, Any]]:
     order = np.arange(total, dtype=np.int64) if plan is None else stream_order(plan)
     run: dict[str, Any] = {"axis": "sample", "samples": len(order), "iterations": None, "notes": []}
     if plan is not None and len(order) < total:
-        run["notes"].append(f"{total - len(order)} samples at the end of the split make no whole micro-batch "
-                            "of every rank and are never read")
+        left = total - len(order)
+        run["notes"].append(f"{plural(left, 'sample')} at the end of the split {'makes' if left == 1 else 'make'} "
+                            f"no whole micro-batch of every rank and {'is' if left == 1 else 'are'} never read")
     schedule = None if t is None else t.schedule
     if name == "train" and schedule is not None:
         done = schedule.iteration_at(len(order))[0] - 1  # whole iterations in one pass of the sampler
@@ -165,10 +169,32 @@ def _split(corpus, name: str, indices, lengths: dict[str, np.ndarray]) -> dict[s
         "mix": {"windows": windows, "counts": mix, "bands": bands},
         "ranks": None if plan is None else _ranks(plan, which, datasets, drawn),
     }
+    rounding = _rounding(corpus, name, indices) if not phased else None
+    if rounding is not None:
+        out["rounding"] = rounding
     if phased:
         out["phases"] = phase_figures(indices, corpus.splits[name], groups, schedule, t)
         bands += phase_bands(out["phases"], run)
     return out
+
+
+def _rounding(corpus, name: str, indices) -> dict[str, Any] | None:
+    """When a blended split holds more samples than asked: the numbers (as `mmfs build`
+    says them, from megatron/indices/blend.py's blend_rounding) and a sentence."""
+    asked = corpus.config.samples.get(name)
+    if asked is None or indices.blend is None or indices.blend.weights is None:
+        return None
+    per_dataset = blend_rounding(asked, indices.blend.weights)
+    if per_dataset is None or sum(per_dataset) != len(indices):  # (a relaunch's own split is asked for other counts)
+        return None
+    total = sum(per_dataset)
+    each = ", ".join(f"{g.spec.name} {n:,}" for g, n in zip(indices.gpts[:NOTE_DATASETS], per_dataset))
+    if len(per_dataset) > NOTE_DATASETS:  # (every dataset's count is in per_dataset)
+        each += f", and {len(per_dataset) - NOTE_DATASETS:,} more datasets"
+    return {"asked": asked, "samples": total, "per_dataset": per_dataset,
+            "note": f"{name}: {total:,} samples, {total - asked:,} more than the {asked:,} asked "
+                    f"({corpus.config.samples_key(name)}): Megatron's blend gives each dataset "
+                    f"ceil({asked:,} x its weight) samples ({each})"}
 
 
 def _gpt_row(corpus, g, samples: np.ndarray, run_samples: int, lengths: np.ndarray) -> dict[str, Any]:

@@ -10,6 +10,8 @@ import hashlib
 import os
 from typing import Any
 
+from mmfs.tools.report.words import plural
+
 ALMOST_NOTHING = 10  # documents of a dataset in a split below which the split "gets almost nothing"
 EPOCH_SLACK = 1e-9
 
@@ -50,16 +52,16 @@ def _phase_warnings(split: str, phases: dict[str, Any], run: int) -> list[dict[s
             if w > 0 and (round(expected) == 0 or row["draws"] == 0):
                 out.append({"kind": "no_samples", "split": split, "phase": p["phase"], "dataset": d, "weight": w,
                             "run_samples": p["samples"], "expected": expected, "samples": row["draws"],
-                            "message": f"{where}: {d}'s weight {w:.3g} of the phase's {p['samples']:,} samples is "
-                                       f"{expected:.3g} samples: it rounds to none (the blend draws "
-                                       f"{row['draws']:,})"})
+                            "message": f"{where}: {d}'s weight {w:.3g} of the phase's "
+                                       f"{plural(p['samples'], 'sample')} is {expected:.3g} samples: it rounds to "
+                                       f"none (the blend draws {row['draws']:,})"})
         if p["served_before"]:  # None: not counted (report/phases.py SERVED_COUNTED_UP_TO)
+            why = (" (restart: each phase reads its datasets from their first sample)"
+                   if phases["phase_mode"] == "restart" else " (a used-up dataset's next pass)")
             out.append({"kind": "served_again", "split": split, "phase": p["phase"], "samples": p["samples"],
                         "served_before": p["served_before"], "phase_mode": phases["phase_mode"],
-                        "message": f"{where}: {p['served_before']:,} of its {p['samples']:,} samples were served "
-                                   "earlier in the run" + (" (restart: each phase reads its datasets from their "
-                                                           "first sample)" if phases["phase_mode"] == "restart"
-                                                           else " (a used-up dataset's next pass)")})
+                        "message": f"{where}: {p['served_before']:,} of its {plural(p['samples'], 'sample')} "
+                                   f"were served earlier in the run{why}"})
     return out
 
 
@@ -78,19 +80,20 @@ def _row_warnings(split: str, figs: dict[str, Any], row: dict[str, Any], sample_
                     "tokens_available": row["tokens_available"],
                     "message": f"{split}: gets almost nothing of {d}: {_documents(row['documents'])}, "
                                f"{row['tokens_available']:,} tokens (a sample is {sample_tokens:,}); "
-                               f"{row['samples']:,} samples are cut from them"})
+                               f"{plural(row['samples'], 'sample')} {'is' if row['samples'] == 1 else 'are'} cut "
+                               "from them"})
     run = figs["run"]["samples"]
     if not per_phase and run > 0 and row["weight"] > 0 and (round(row["weight"] * run) == 0 or row["samples"] == 0):
         out.append({"kind": "no_samples", "split": split, "dataset": d, "weight": row["weight"],
                     "run_samples": run, "expected": row["weight"] * run, "samples": row["samples"],
-                    "message": f"{split}: {d}'s weight {row['weight']:.3g} of the run's {run:,} samples is "
+                    "message": f"{split}: {d}'s weight {row['weight']:.3g} of the run's {plural(run, 'sample')} is "
                                f"{row['weight'] * run:.3g} samples: it rounds to none (the blend draws "
                                f"{row['samples']:,})"})
     return out
 
 
 def _documents(n: int) -> str:
-    return f"{n:,} document" + ("" if n == 1 else "s")
+    return plural(n, "document")
 
 
 def _duplicates(split: str, gpts: list, datasets: dict) -> list[dict[str, Any]]:
