@@ -279,14 +279,14 @@ class Mount:
         ids = [int(x) for x in self.attribute(path, contract.XATTR_SAMPLES).split()]
         if len(ids) != raw.shape[0]:
             raise LoaderError(f"{path}: {raw.shape[0]} samples but {len(ids)} ids in {contract.XATTR_SAMPLES}")
-        split, phase = self._folder_of(path)
+        split, phase = self.folder_of(path)
         batch = self.fields.items(raw, lambda row: self.pieces(split, ids[row], phase), flags)
         batch["sample_ids"] = np.asarray(ids, dtype=np.int64)
         if split == "train" and self._phase_starts:
             batch["phase"] = np.asarray([self.phase(split, i) for i in ids], dtype=np.int64)
         return batch
 
-    def _folder_of(self, path: str) -> tuple[str, int | None]:
+    def folder_of(self, path: str) -> tuple[str, int | None]:
         """(split, phase or None) of a file of the mount: <split>/... or <split>/phases/<k>/..."""
         parts = os.path.relpath(path, self.path).split(os.sep)
         if len(parts) > 3 and parts[1] == contract.PHASES and parts[2].isdigit():
