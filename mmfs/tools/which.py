@@ -24,7 +24,10 @@ PhasedSampler). Under phase_mode restart each
 relaunch evaluates on its own valid and test (megatron/phases/evals.py): an
 evaluation step of valid is read by the launch that runs its evaluation, from
 that phase's valid, by the loader the launch built at its consumed_valid_samples
-(megatron/phases/evaluations.py); test is the last launch's, from 0.
+(megatron/phases/evaluations.py); test is the last launch's, from 0. Each of its
+micro-batches names its `stream_file`: the file of the phase's own streams/ folder
+from= where that loader (or the pass of it that reads the step) starts, on the
+config's layout (as a job resumed at --consumed C gets its split's from=C file).
 
 --consumed C gives the global batch a job resumed at consumed_samples C reads (for
 valid under restart: a job of the launch that evaluates there, resumed at
