@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -168,3 +169,45 @@ def test_which_names_the_stream_files_that_hold_each_evaluation_step(tmp_path, l
         text = mmfs("which", mnt, "--split", "test", "--iteration", "1", "--rank", "0")
         assert text.returncode == 0 and f"  stream file test/phases/003/streams/{layout.split(',', 1)[1]},from=0/000/" \
             in text.stdout, text.stdout
+
+
+def test_a_phase_s_streams_refuse_what_megatron_s_sampler_refuses_in_one_log_line(mounts):
+    """Spelled and checked as a split's streams: a layout Megatron's sampler refuses, or
+    a bad spelling, is ENOENT with one log line naming the phase's folder; no phase past
+    the run's, and train has no phases/ (its phases are one split)."""
+    name = "two_datasets_weights_swap"
+    mount = mounts(name)
+    root = Path(mount.path)
+    streams = root / "valid" / "phases" / "001" / "streams"
+    assert sorted(os.listdir(root / "valid" / "phases" / "001")) == ["ranks", "samples", "streams"]
+    assert os.listdir(streams) == []  # a layout folder appears when it is looked up
+    bad = ["dp=3,mbs=1,from=4,sampler=cyclic",  # 4 into the epoch: not a multiple of 3
+           f"dp=1,mbs=1,from={mount.split_samples('valid', phase=1)}",  # single: at the end of the split
+           "dp=2,mbs=1,from=0,sampler=single,sharding=true", "dp=2,mbs=99,from=0"]
+    for layout in bad:
+        for _ in range(2):
+            with pytest.raises(FileNotFoundError):
+                os.stat(streams / layout)
+    for missing in (root / "valid" / "phases" / "002" / "streams" / "dp=1,mbs=1,from=0",
+                    root / "train" / "phases" / "001" / "streams" / "dp=1,mbs=1,from=0"):
+        with pytest.raises(FileNotFoundError):
+            os.stat(missing)
+    log = (root.parent / f"{root.name}.log").read_text()
+    lines = [ln for ln in log.splitlines() if "/valid/phases/001/streams/" in ln and "no such stream" in ln]
+    assert len(lines) == len(bad), lines
+    assert "not a multiple of micro_batch_size x data_parallel_size = 3" in lines[0]
+    assert os.listdir(streams / "dp=3,mbs=1,from=3,sampler=cyclic") == ["000", "001", "002"]
+
+
+def test_the_loader_s_phase_argument_says_what_is_wrong_in_one_line(mounts):
+    from mmfs.loader import LoaderError
+
+    mount = mounts("two_datasets_weights_swap")
+    for call, words in ((lambda: mount.sample("valid", 0, phase=2), "phase 2 is outside the run's 2 phase(s)"),
+                        (lambda: mount.sample("train", 0, phase=1), "phase 1 has no 'train' samples of its own"),
+                        (lambda: mount.stream_files("valid", 0, 1, 1, phase=-1), "phase must be 0 or more"),
+                        (lambda: mount.sample("valid", 10**6, phase=1), "sample 1000000 is outside [0, 49)"),
+                        (lambda: mount.stream_files("valid", 0, 3, 1, 4, "cyclic", phase=1), "no such stream")):
+        with pytest.raises(LoaderError, match=re.escape(words)) as exc:
+            call()
+        assert "\n" not in str(exc.value)
