@@ -27,7 +27,7 @@ that phase's valid, by the loader the launch built at its consumed_valid_samples
 (megatron/phases/evaluations.py); test is the last launch's, from 0. Each of its
 micro-batches names its `stream_file`: the file of the phase's own streams/ folder
 from= where that loader (or the pass of it that reads the step) starts, on the
-config's layout (as a job resumed at --consumed C gets its split's from=C file).
+config's layout.
 
 --consumed C gives the global batch a job resumed at consumed_samples C reads (for
 valid under restart: a job of the launch that evaluates there, resumed at
@@ -160,8 +160,8 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
         "ranks": [],
     }
     passes: dict = {}  # a resumed job's sampler passes, by consumed_samples
-    # the folder whose streams/ holds a loader built at a consumed_samples (docs/streams.md)
-    folder = split if launch is None else phase_dir(split, launch["phase"], phase_width).lstrip("/")
+    # a restart launch's loader: the phase's own streams/ (docs/streams.md)
+    folder = phase_dir(split, launch["phase"], phase_width).lstrip("/") if launch is not None else None
     for r in ranks:
         batches = []
         for k in micro:
@@ -176,7 +176,8 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
                                          (start - at) // (mbs * dp) + k, passes)
                     if found is not None:
                         pass_plan, built_at, j = found
-                        stream = _stream_file(folder, r, built_at, j, pass_plan)
+                        if launch is not None:  # (a --consumed answer stays the --iteration answer's twin)
+                            stream = _stream_file(folder, r, built_at, j, pass_plan)
                         found = rank_ids(pass_plan, r, j, 1)[0], pass_plan.epoch
                 elif phased is not None:  # the phase's own sampler (rebuilt at C for a resumed job)
                     found = phased.microbatch(r, n) if consumed is None else phased.resumed_microbatch(start, r, k)
