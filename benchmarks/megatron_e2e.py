@@ -7,10 +7,11 @@ on the same data, each variant:
 - single, cyclic: once with Megatron's own loader (--data-path, --split, its
   sampler), once with --dataloader-type external and mmfs.adapters.megatron's
   provider reading the mount of `mmfs config --from-megatron` of the same line;
-- phases: Megatron's own run in phases (--phase-transition-iterations 25: it saves,
-  exits, and is relaunched with phase 1's --data-path), against one launch through
-  the mount of both launches' config (phase_mode restart): train losses only, since
-  the relaunch rebuilds valid and test from phase 1's data path.
+- phases, phases-cyclic (single and cyclic samplers): Megatron's own run in phases
+  (--phase-transition-iterations 25: it saves, exits, and is relaunched with phase
+  1's --data-path), against the same two launches through the mount of both
+  launches' config (phase_mode restart): each launch's train, and the valid and test
+  its relaunch builds (phase 1's own, from the carried consumed_valid_samples).
 It prints both loss curves and the largest difference of each variant (0 is the
 target: the same batches give the same losses) and exits 1 if any differs.
 
@@ -63,39 +64,57 @@ VARIANTS = {
     "single": [f"{MODEL} {ITERS} {DATA0}"],
     "cyclic": [f"{MODEL} {ITERS} {DATA0} --dataloader-type cyclic"],
     "phases": [f"{MODEL} {PHASED} {DATA0}", f"{MODEL} {PHASED} {DATA1}"],
+    "phases-cyclic": [f"{MODEL} {PHASED} {DATA0} --dataloader-type cyclic",
+                      f"{MODEL} {PHASED} {DATA1} --dataloader-type cyclic"],
 }
+
+
+def _checkpoints(variant: str, folder: str) -> list[str]:
+    """A run in phases saves at its transition and is relaunched from there."""
+    return ["--save", folder, "--load", folder, "--save-interval", "1000"] if len(VARIANTS[variant]) > 1 else []
 
 
 def megatron_runs(variant: str) -> list[list[str]]:
     """Megatron's own loader: each launch's arguments (phases: saved and relaunched)."""
-    lines = VARIANTS[variant]
-    ckpt = ["--save", "ckpt-megatron", "--load", "ckpt-megatron", "--save-interval", "1000"] if len(lines) > 1 else []
-    return [shlex.split(line) + ["--data-cache-path", "cache-megatron"] + ckpt for line in lines]
+    return [shlex.split(line) + ["--data-cache-path", "cache-megatron"] + _checkpoints(variant, "ckpt-megatron")
+            for line in VARIANTS[variant]]
 
 
-def mmfs_run(variant: str) -> list[str]:
-    """Through the mount: the last launch's line in one launch, --dataloader-type
-    external, no phase transitions (the config holds the phases)."""
-    words = shlex.split(VARIANTS[variant][-1])
-    if "--phase-transition-iterations" in words:
-        k = words.index("--phase-transition-iterations")
-        del words[k:k + 2]
-    if "--dataloader-type" in words:
-        k = words.index("--dataloader-type")
-        del words[k:k + 2]
-    return words + ["--dataloader-type", "external"]
+def mmfs_runs(variant: str) -> list[list[str]]:
+    """Through the mount: each of Megatron's launches with --dataloader-type external
+    (the same phase transitions and relaunches; the config holds the phases' data)."""
+    out = []
+    for line in VARIANTS[variant]:
+        words = shlex.split(line)
+        if "--dataloader-type" in words:
+            k = words.index("--dataloader-type")
+            del words[k:k + 2]
+        out.append(words + ["--dataloader-type", "external"] + _checkpoints(variant, "ckpt-mmfs"))
+    return out
 
 
-def job_reads(mount: str, data_parallel_size: int = 1) -> dict[str, tuple[int, int, int]]:
-    """What an mmfs run reads of each split, per rank: (micro-batch size, from,
-    micro-batches): train for every iteration, valid and test whole (the run evaluates
-    at 25 and 50, and valid and test after training)."""
+def launch_reads(mount: str, data_parallel_size: int = 1) -> list[dict[str, tuple[int, ...]]]:
+    """What each launch of an mmfs run reads of each split, per rank: (micro-batch size,
+    from, micro-batches[, the phase whose own valid or test it is]). One launch: train
+    for every iteration, valid and test whole (the run evaluates at 25 and 50, and
+    valid and test after training). A relaunched run in phases: each launch's
+    iterations of train, and its evaluations of its phase's own valid and test
+    (mmfs.json's phases[k].splits: where its loader starts, what it reads)."""
     from mmfs.loader import Mount
 
     m = Mount(mount)
     group = MBS * data_parallel_size
-    return {"train": (MBS, 0, ITERATIONS * GBS // group),
-            **{s: (MBS, 0, m.samples[s] // group) for s in ("valid", "test") if m.samples.get(s, 0) >= group}}
+    if not m.phases:
+        return [{"train": (MBS, 0, ITERATIONS * GBS // group),
+                 **{s: (MBS, 0, m.samples[s] // group) for s in ("valid", "test") if m.samples.get(s, 0) >= group}}]
+    out = []
+    for k, phase in enumerate(m.phases["phases"]):
+        reads = {"train": (MBS, phase["start_sample"], (phase["end_sample"] - phase["start_sample"]) // group)}
+        for split in ("valid", "test"):  # (a launch builds both loaders, whether it reads them or not)
+            start, end = phase["splits"][split]["evaluations"]["consumed_samples"]
+            reads[split] = (MBS, start, (end - start) // group, k)
+        out.append(reads)
+    return out
 
 
 def mmfs_cli(*args, cwd: Path, env: dict | None = None) -> str:
@@ -129,12 +148,13 @@ def prepare(out: Path) -> None:
         (folder / "mnt").mkdir(exist_ok=True)
         mmfs_cli("mount", "run.yaml", "mnt", cwd=folder)
         try:
-            copied = copy_job_files(folder / "mnt", folder / "mount-copy", 1, job_reads(str(folder / "mnt")))
+            copies = [copy_job_files(folder / "mnt", folder / "mount-copy", 1, reads)
+                      for reads in launch_reads(str(folder / "mnt"))]
         finally:
             mmfs_cli("umount", "mnt", cwd=folder)
-        print(f"{variant}: {copied['files']} micro-batch files, {copied['bytes'] / 1e6:.1f} MB in "
-              f"{folder / 'mount-copy'}")
-    manifest = {v: {"megatron": megatron_runs(v), "mmfs": mmfs_run(v)} for v in VARIANTS}
+        print(f"{variant}: {sum(c['files'] for c in copies)} micro-batch files, "
+              f"{sum(c['bytes'] for c in copies) / 1e6:.1f} MB in {folder / 'mount-copy'}")
+    manifest = {v: {"megatron": megatron_runs(v), "mmfs": mmfs_runs(v)} for v in VARIANTS}
     (out / "e2e.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
@@ -238,7 +258,7 @@ def run(folder: Path, megatron_lm: Path, use_mount: bool, gpus: int) -> int:
         where = folder / variant
         for name in ("losses-megatron.jsonl", "losses-mmfs.jsonl", "losses-megatron.log", "losses-mmfs.log"):
             (where / name).unlink(missing_ok=True)
-        subprocess.run(["rm", "-rf", str(where / "ckpt-megatron")], check=True)
+        subprocess.run(["rm", "-rf", str(where / "ckpt-megatron"), str(where / "ckpt-mmfs")], check=True)
         for words in runs["megatron"]:
             launch(where, megatron_lm, words, where / "losses-megatron.jsonl", None, gpus)
         mount = where / "mount-copy"
@@ -246,13 +266,13 @@ def run(folder: Path, megatron_lm: Path, use_mount: bool, gpus: int) -> int:
             mmfs_cli("mount", "run.yaml", "mnt", cwd=where)
             mount = where / "mnt"
         try:
-            launch(where, megatron_lm, runs["mmfs"], where / "losses-mmfs.jsonl", mount, gpus)
+            for words in runs["mmfs"]:
+                launch(where, megatron_lm, words, where / "losses-mmfs.jsonl", mount, gpus)
         finally:
             if use_mount:
                 mmfs_cli("umount", "mnt", cwd=where)
-        kinds = ("train",) if len(runs["megatron"]) > 1 else ("train", "eval")
         worst[variant] = compare(variant, read_losses(where / "losses-megatron.jsonl"),
-                                 read_losses(where / "losses-mmfs.jsonl"), kinds)
+                                 read_losses(where / "losses-mmfs.jsonl"), ("train", "eval"))
     print("largest differences: " + ", ".join(f"{v} {d:.3g}" for v, d in worst.items()))
     return 0 if all(d == 0 for d in worst.values()) else 1
 

@@ -1,6 +1,7 @@
 """Adapters: the torch IterableDataset of a rank's stream (optional: skipped without
 torch) against megatron-core's recorded samplers, under a DataLoader with workers
-and across a state_dict round trip; the grain data source by its protocol."""
+and across a state_dict round trip; the grain data source by its protocol; both
+over a restart phase's own valid (phase=) against Megatron-LM's recorded relaunch."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from phase_helpers import recorded_config
 
 from golden_cases import PUBLIC, expected_samples, write_case_config
 from mmfs.adapters.grain import SampleSource
@@ -173,3 +175,51 @@ def test_torch_example_resumes_on_another_data_parallel_size(tmp_path):
         want = [f"samples {[i for k in range(4 * it, 4 * it + 4) for i in (48 + 4 * k, 49 + 4 * k)]}"
                 for it in range(3)]
         assert [line[line.rindex("samples ["):] for line in resumed[1:]] == want
+
+
+PHASE_CASE, PHASE_LAYOUT = "two_datasets_weights_swap", "sharded,dp=4,mbs=1"
+
+
+def _phase_case() -> dict:
+    return json.loads((Path(__file__).parent / "reference" / "phase_evals.json").read_text())["cases"][PHASE_CASE]
+
+
+def _mounted_phases(tmp_path: Path):
+    """A restart run whose relaunches Megatron-LM's were recorded (record_phase_evals.py), cyclic."""
+    return mounted(recorded_config(tmp_path, PHASE_CASE, _phase_case(), "restart", {"dataloader_type": "cyclic"}),
+                   tmp_path / "mnt")
+
+
+def test_grain_reads_a_restart_phase_s_own_valid(tmp_path):
+    """phase=1: phase 1's own valid, megatron-core's build for its relaunch's blend (by digest)."""
+    import hashlib
+
+    case = _phase_case()
+    with _mounted_phases(tmp_path) as m:
+        source = SampleSource(m.path, "valid", phase=1)
+        assert len(source) == len(case["per_phase"][1]["valid"]) and "phase=1" in repr(source)
+        digests = [hashlib.sha256(source[i].astype(np.int64).tobytes()).hexdigest()[:16] for i in range(len(source))]
+        assert digests == case["per_phase"][1]["valid"] != case["per_phase"][0]["valid"]
+        assert pickle.loads(pickle.dumps(source))[5].tobytes() == source[5].tobytes()
+        item = SampleSource(m.path, "valid", megatron=True, phase=1)[5]
+        assert np.array_equal(item["tokens"], Mount(m.path).megatron_item("valid", 5, phase=1)["tokens"])
+
+
+def test_torch_stream_of_a_restart_phase_s_own_valid_on_another_layout(tmp_path):
+    """phase=1 on 4 ranks of 1 (the config has 1 rank of 4), from the relaunch's carried
+    consumed_valid_samples: what Megatron's relaunched loader read (cyclic, sharded)."""
+    _torch()
+    from mmfs.adapters.torch import RankStream
+
+    reads = _phase_case()["reads"][PHASE_LAYOUT]
+    start = reads["consumed_valid_at_launch"][1]
+    with _mounted_phases(tmp_path) as m:
+        for rank in range(4):
+            want = [batch for phase, ranks in reads["valid"] if phase == 1 for batch in ranks[rank]]
+            stream = RankStream(Mount(m.path), "valid", rank, consumed_samples=start, data_parallel_size=4,
+                                micro_batch_size=1, phase=1)
+            got = list(itertools.islice(stream.batches(), len(want)))
+            assert _ids(got) == want
+            for batch, ids in zip(got, want):  # phase 1's own samples (phase 0's valid is as long)
+                own = Mount(m.path).megatron_batch("valid", ids, phase=1)["tokens"]
+                assert np.array_equal(batch["tokens"].numpy(), own)

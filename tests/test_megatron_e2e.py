@@ -21,7 +21,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mmfs.adapters.megatron import mount_datasets_provider
+from mmfs.adapters.megatron import mount_datasets_provider, rank_stream_files
+from mmfs.loader import Mount
 from mount_fixtures import ROOT, mounted
 
 SCRIPT = ROOT / "benchmarks" / "megatron_e2e.py"
@@ -49,24 +50,33 @@ def _flags(words: list[str]) -> dict[str, list[str]]:
     return out
 
 
-@pytest.mark.parametrize("variant", ["single", "cyclic", "phases"])
+VARIANTS = ["single", "cyclic", "phases", "phases-cyclic"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_the_two_runs_of_a_variant_differ_only_in_where_the_data_comes_from(variant):
     e2e = _e2e()
-    megatron, mmfs = [_flags(w) for w in e2e.megatron_runs(variant)], _flags(e2e.mmfs_run(variant))
-    for run in megatron:
+    megatron, mmfs = [_flags(w) for w in e2e.megatron_runs(variant)], [_flags(w) for w in e2e.mmfs_runs(variant)]
+    assert len(megatron) == len(mmfs)
+    for run, through in zip(megatron, mmfs):
         assert {k: v for k, v in run.items() if k not in DATA_FLAGS} == \
-            {k: v for k, v in mmfs.items() if k not in DATA_FLAGS}
+            {k: v for k, v in through.items() if k not in DATA_FLAGS}
         assert run["--data-cache-path"] == ["cache-megatron"]  # Megatron builds its own indices
         for flag in ("--deterministic-mode", "--transformer-impl", "--no-gradient-accumulation-fusion"):
             assert flag in run
         assert run["--hidden-dropout"] == run["--attention-dropout"] == ["0"]
-    assert mmfs["--dataloader-type"] == ["external"] and "--phase-transition-iterations" not in mmfs
-    assert (mmfs["--num-layers"], mmfs["--hidden-size"], mmfs["--seq-length"]) == (["2"], ["128"], ["256"])
-    if variant == "phases":  # Megatron's own: save, exit at 25, relaunch with phase 1's data
+        assert through["--dataloader-type"] == ["external"]
+        assert run.get("--phase-transition-iterations") == through.get("--phase-transition-iterations")
+        assert (through["--num-layers"], through["--hidden-size"], through["--seq-length"]) == \
+            (["2"], ["128"], ["256"])
+    sampler = "cyclic" if variant.endswith("cyclic") else "single"
+    assert all(r.get("--dataloader-type", ["single"]) == [sampler] for r in megatron)
+    if variant.startswith("phases"):  # both: save, exit at 25, relaunch (Megatron's with phase 1's data)
         assert len(megatron) == 2 and megatron[0]["--data-path"] != megatron[1]["--data-path"]
-        assert all(r["--phase-transition-iterations"] == ["25"] and "--load" in r for r in megatron)
+        assert all(r["--phase-transition-iterations"] == ["25"] and "--load" in r for r in megatron + mmfs)
+        assert [r["--load"] for r in mmfs] == [r["--save"] for r in mmfs] == [["ckpt-mmfs"]] * 2
     else:
-        assert len(megatron) == 1 and megatron[0].get("--dataloader-type", ["single"]) == [variant]
+        assert len(megatron) == 1 and "--load" not in megatron[0] and "--load" not in mmfs[0]
 
 
 @pytest.fixture(scope="module")
@@ -78,39 +88,63 @@ def prepared(tmp_path_factory):
     return out
 
 
-def _job_args(words: list[str]) -> SimpleNamespace:
-    """The arguments the provider reads, as Megatron's would be for this line."""
+def _job_args(words: list[str], launch: int) -> SimpleNamespace:
+    """The arguments the provider reads, as Megatron's would be for this line's launch
+    (a relaunch at iteration 25: the checkpoint's consumed counts, one evaluation of 2
+    steps of 32 done)."""
     f = _flags(words)
+    transitions = [int(x) for x in f.get("--phase-transition-iterations", [])]
+    iteration = transitions[launch - 1] if launch else 0
+    gbs = int(f["--global-batch-size"][0])
     return SimpleNamespace(dataloader_type=f["--dataloader-type"][0], seq_length=int(f["--seq-length"][0]),
-                           micro_batch_size=int(f["--micro-batch-size"][0]),
-                           global_batch_size=int(f["--global-batch-size"][0]), consumed_train_samples=0,
-                           consumed_valid_samples=0, iteration=0)
+                           micro_batch_size=int(f["--micro-batch-size"][0]), global_batch_size=gbs,
+                           consumed_train_samples=iteration * gbs, consumed_valid_samples=iteration // 25 * 2 * gbs,
+                           iteration=iteration, phase_transition_iterations=transitions or None)
 
 
-@pytest.mark.parametrize("variant", ["single", "cyclic", "phases"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_the_copy_holds_every_micro_batch_the_mmfs_run_reads_as_the_mount_serves_it(prepared, variant):
     """A 50-iteration run on one GPU reads 50 x 8 train micro-batches, 3 evaluations of
     2 x 8 valid ones and 2 x 8 test ones (the split sizes Megatron asks for: 1600, 192,
-    64); the provider reads all of them from the copy, equal to the live mount's."""
+    64); relaunched at iteration 25 (a run in phases), each launch its 25 iterations,
+    and the valid and test of its phase's own (launch 0 one evaluation, launch 1 two
+    and test, each from its loader's consumed count). The provider reads all of them
+    from the copy, equal to the live mount's, each launch's valid and test its phase's."""
     e2e = _e2e()
     manifest = json.loads((prepared / "e2e.json").read_text())
-    assert manifest[variant]["mmfs"] == e2e.mmfs_run(variant)
+    assert manifest[variant]["mmfs"] == e2e.mmfs_runs(variant)
     folder = prepared / variant
     config = (folder / "run.yaml").read_text()
-    assert "cache_dir: cache-mmfs" in config and ("phases:" in config) == (variant == "phases")
-    args = _job_args(manifest[variant]["mmfs"])
-    reads = {"train": 400, "valid": 48, "test": 16}
+    phased = variant.startswith("phases")
+    assert "cache_dir: cache-mmfs" in config and ("phases:" in config) == phased
+    reads = [{"train": 200, "valid": 16, "test": 0}, {"train": 200, "valid": 32, "test": 16}] if phased else \
+        [{"train": 400, "valid": 48, "test": 16}]
     with mounted(folder / "run.yaml", folder / "mnt") as m:
-        on_copy = mount_datasets_provider(folder / "mount-copy", get_args=lambda: args, data_parallel=lambda: (0, 1),
-                                          to_tensor=np.asarray)([1600, 192, 64])
-        on_mount = mount_datasets_provider(m.path, get_args=lambda: args, data_parallel=lambda: (0, 1),
-                                           to_tensor=np.asarray)([1600, 192, 64])
-        for split, a, b in zip(("train", "valid", "test"), on_copy, on_mount):
-            got, want = list(itertools.islice(a, reads[split])), list(itertools.islice(b, reads[split]))
-            assert len(got) == len(want) == reads[split]
-            for x, y in zip(got, want):
-                assert list(x) == list(y) and all(np.array_equal(x[k], y[k]) for k in x)
-            assert got[0]["tokens"].shape == (4, 256)
+        loader = Mount(m.path)
+        assert [{s: r[2] for s, r in launch.items()} for launch in e2e.launch_reads(str(m.path))] == \
+            reads
+        for k, (words, counts) in enumerate(zip(manifest[variant]["mmfs"], reads, strict=True)):
+            args = _job_args(words, k)
+            samples = [800, 192, 64] if phased else [1600, 192, 64]
+            on_copy = mount_datasets_provider(folder / "mount-copy", get_args=lambda args=args: args,
+                                              data_parallel=lambda: (0, 1), to_tensor=np.asarray)(samples)
+            on_mount = mount_datasets_provider(m.path, get_args=lambda args=args: args, data_parallel=lambda: (0, 1),
+                                               to_tensor=np.asarray)(samples)
+            for split, a, b in zip(("train", "valid", "test"), on_copy, on_mount):
+                got, want = list(itertools.islice(a, counts[split])), list(itertools.islice(b, counts[split]))
+                assert len(got) == len(want) == counts[split]
+                for x, y in zip(got, want):
+                    assert list(x) == list(y) and all(np.array_equal(x[k], y[k]) for k in x)
+                if split != "train" and counts[split] and phased:  # the launch's phase's own, from its count
+                    start = args.consumed_valid_samples if split == "valid" else 0
+                    files = list(itertools.islice(rank_stream_files(loader, split, 0, 1, 4, start, k), counts[split]))
+                    ids = [[int(i) for i in loader.attribute(f, "user.mmfs.samples").split()] for f in files]
+                    flat = [i for batch in ids for i in batch]
+                    assert flat == list(range(start, start + len(flat))) if variant == "phases" else \
+                        len(set(flat)) == len(flat)
+                    for x, batch in zip(got, ids):
+                        assert np.array_equal(x["tokens"], loader.megatron_batch(split, batch, phase=k)["tokens"])
+                assert not counts[split] or got[0]["tokens"].shape == (4, 256)
 
 
 def test_the_train_wrapper_hands_pretrain_the_mount_s_provider_and_records_the_losses(prepared, tmp_path):
@@ -177,4 +211,4 @@ def test_the_comparison_prints_both_curves_and_the_largest_difference(tmp_path, 
     assert "v: train         2                    2.0                    2.5" in out
     assert e2e.compare("v", megatron, write("c.jsonl", [("train", 1, [10.0, 4.0])]), ("train",)) == math.inf
     assert e2e.compare("v", {}, {}, ("train",)) == math.inf
-    assert shlex.split(" ".join(e2e.mmfs_run("phases")))  # a line a shell takes as it is
+    assert all(shlex.split(" ".join(w)) for w in e2e.mmfs_runs("phases"))  # lines a shell takes as they are

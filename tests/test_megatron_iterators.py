@@ -7,7 +7,10 @@ equal), here without torch or Megatron: the mount of `mmfs config --from-megatro
 of the same launch line, read by mount_datasets_provider with the arguments
 Megatron's parse_args and validate_args gave the job. Single and cyclic (into the
 next epoch; unsharded with ranks whose passes end apart), resumed, resumed on
-another data-parallel size, and a phase relaunch."""
+another data-parallel size, and a phase relaunch (phase_mode restart) under the
+single and the cyclic sampler, sharded and not, on the config's data-parallel size
+and on another with --eval-micro-batch-size 1 (the phase's own valid and test through
+its streams/)."""
 
 from __future__ import annotations
 
@@ -34,6 +37,12 @@ SPLITS = ("train", "valid", "test")
 
 def test_the_recorder_found_mmfs_equal_to_megatron_in_megatron_s_own_function():
     assert RECORDED["megatron_core_version"] == "0.19.2"
+    relaunches = {name: (case["launch"][-1], case["world_size"], case["data_parallel_size"])
+                  for name, case in RECORDED["cases"].items() if len(case["launch"]) > 1}
+    # a relaunch under each sampler, and one on another data-parallel size than the mount's
+    assert {("--dataloader-type cyclic" in line, "--no-data-sharding" in line) for line, _, _ in relaunches.values()} \
+        == {(False, False), (True, False), (True, True)}
+    assert any(world != size for _, world, size in relaunches.values())
     assert {name: case["mmfs_equal"] for name, case in RECORDED["cases"].items()} == \
         {name: True for name in RECORDED["cases"]}
 

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from golden_cases import expected_samples, write_case_config
-from mmfs.adapters.megatron import MegatronJobError, check_job, mount_datasets_provider, phase_eval_files, rank_stream
+from mmfs.adapters.megatron import MegatronJobError, check_job, mount_datasets_provider, rank_stream
 from mmfs.adapters.megatron_copy import copy_job_files
 from mmfs.loader import Mount
 from mmfs.megatron.sampling.phaseplan import PhasedSampler, PhaseSpan
@@ -262,33 +262,50 @@ def test_a_run_in_phases_is_one_launch_across_the_boundary(phased, sampler):
         assert [mount.phase("train", int(ids[0])) for ids in want] == [0] * 4 + [1] * 8
 
 
-def test_a_relaunch_at_megatron_s_phase_transitions_reads_on_in_the_same_mount(phased):
+@pytest.mark.parametrize("sampler", ["single", "cyclic"])
+def test_a_relaunch_at_megatron_s_phase_transitions_reads_on_in_the_same_mount(phased, sampler):
     """Megatron-LM's own --phase-transition-iterations 10 (phase_mode restart): the
     relaunch at iteration 10 passes the phase's 160 samples and reads from the
     global consumed count, phase 1's first samples; its valid and test are phase 1's
-    own (the mount's valid/phases/001, test/phases/001)."""
-    mount = phased("restart", "single")
+    own (the mount's valid/phases/001, test/phases/001), on the config's layout and
+    on any other (data-parallel size, --eval-micro-batch-size)."""
+    mount = phased("restart", sampler)
     args = megatron_args(seq_length=32, global_batch_size=8, consumed_train_samples=80, iteration=10,
                          phase_transition_iterations=[10])
     train, valid, test = provide(mount.path, args, 1, 2, (160, 32, 8))
-    for batch, ids in zip(itertools.islice(train, 4), training_stream("single", 240, 80, 2, 1, 2)):
-        assert_batch_is(batch, mount, "train", ids)
-        assert {mount.phase("train", int(i)) for i in ids} == {1}
+    if sampler == "single":
+        for batch, ids in zip(itertools.islice(train, 4), training_stream("single", 240, 80, 2, 1, 2)):
+            assert_batch_is(batch, mount, "train", ids)
+            assert {mount.phase("train", int(i)) for i in ids} == {1}
     # valid and test are phase 1's own, as the relaunch builds them, valid from the
     # checkpoint's consumed_valid_samples (8: one evaluation of the first launch)
     args.consumed_valid_samples = 8
     train, valid, test = provide(mount.path, args, 1, 2, (160, 32, 8))
     for split, iterator, first in (("valid", valid, 2), ("test", test, 0)):
-        got = list(iterator)
         entry = mount.phases["phases"][1]["splits"][split]
+        got = list(itertools.islice(iterator, entry["microbatches"] - first))
         folder = mount.path + "/" + entry["ranks_path"] + "/001"
         assert len(got) == entry["microbatches"] - first > 0
         for j, batch in enumerate(got, first):
             want = mount.microbatch_file(f"{folder}/{j:07d}.bin")
             assert all(np.array_equal(batch[k], want[k]) for k in GPT_FIELDS)
-    with pytest.raises(MegatronJobError, match="each phase's own valid is served for the config's data-parallel "
-                                               "size 2 and micro-batch size 2, the job has 1 and 2"):
-        next(phase_eval_files(mount, "valid", 1, 0, 1, 2, 0))
+    # another layout: 4 ranks, --eval-micro-batch-size 1: Megatron's sampler over
+    # the phase's own split, rebuilt there, pass after pass for cyclic (cyclic_iter);
+    # cu_seqlens from the pieces of the phase's own samples
+    args.eval_micro_batch_size, args.dataloader_inter_document_masking = 1, True
+    for rank in range(4):
+        train, valid, test = provide(mount.path, args, rank, 4, (160, 32, 8))
+        for split, iterator, start in (("valid", valid, 8), ("test", test, 0)):
+            total = mount.split_samples(split, phase=1)
+            count = 2 * total // 4 if sampler == "cyclic" else (total - start) // 4
+            want = list(itertools.islice(training_stream(sampler, total, start, 1, rank, 4), count))
+            got = list(itertools.islice(iterator, count + 1))
+            assert len(got) == count + (sampler == "cyclic") and count > 0
+            for batch, ids in zip(got, want):
+                direct = mount.megatron_batch(split, [int(i) for i in ids], phase=1, inter_document_masking=True)
+                assert list(batch) == list(direct) == GPT_FIELDS_PACKED
+                assert all(np.array_equal(batch[k], direct[k]) for k in GPT_FIELDS_PACKED)
+            assert mount.phases["phases"][1]["splits"][split]["streams_path"] == f"{split}/phases/001/streams"
     with pytest.raises(MegatronJobError, match=r"--phase-transition-iterations start phases at samples \[96\], "
                                                r"the mount's phases at \[80\]"):
         check_job(mount, megatron_args(seq_length=32, global_batch_size=8, phase_transition_iterations="12"),

@@ -4,6 +4,7 @@ thread-safe (every read is its own open and read of a sample file).
 
     source = SampleSource("/mnt/data", "train")            # tokens, in the mount's dtype
     source = SampleSource("/mnt/data", "train", megatron=True, eod_mask_loss=True)
+    source = SampleSource("/mnt/data", "valid", phase=1)    # phase 1's own valid (phase_mode restart)
     dataset = grain.MapDataset.source(source)
 
 grain need not be installed to build one; it only calls the protocol.
@@ -23,15 +24,16 @@ class SampleSource:
     """The samples of one split, by id (the mount's order: Megatron's dataset index)."""
 
     def __init__(self, mount: str | os.PathLike, split: str = "train", *, megatron: bool = False,
-                 **flags: bool) -> None:
+                 phase: int | None = None, **flags: bool) -> None:
         self.path, self.split, self.megatron, self.flags = os.fspath(mount), split, megatron, flags
+        self.phase = phase  # a restart phase's own valid or test
         self._open()
 
     def _open(self) -> None:
         self._mount = Mount(self.path)
-        self._mount.sample_path(self.split, 0)  # the split exists and has a sample
-        self._len = int(self._mount.samples[self.split])
-        self._beyond = self._mount.beyond_samples(self.split)
+        self._mount.sample_path(self.split, 0, self.phase)  # the split exists and has a sample
+        self._len = self._mount.split_samples(self.split, self.phase)
+        self._beyond = self._mount.beyond_samples(self.split) if self.phase is None else 0
 
     def __len__(self) -> int:
         return self._len
@@ -43,15 +45,17 @@ class SampleSource:
         if not 0 <= i < self._len + self._beyond:
             raise IndexError(f"record {i} is outside [0, {self._len + self._beyond}) of {self.split}")
         if self.megatron:
-            return self._mount.megatron_item(self.split, i, **self.flags)
-        return self._mount.sample(self.split, i)
+            return self._mount.megatron_item(self.split, i, phase=self.phase, **self.flags)
+        return self._mount.sample(self.split, i, self.phase)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "split": self.split, "megatron": self.megatron, "flags": self.flags}
+        return {"path": self.path, "split": self.split, "megatron": self.megatron, "flags": self.flags,
+                "phase": self.phase}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"phase": None, **state})  # (a source pickled before phase=)
         self._open()
 
     def __repr__(self) -> str:  # grain logs sources by repr
-        return f"SampleSource({self.path!r}, {self.split!r}, megatron={self.megatron})"
+        phase = "" if self.phase is None else f", phase={self.phase}"
+        return f"SampleSource({self.path!r}, {self.split!r}, megatron={self.megatron}{phase})"

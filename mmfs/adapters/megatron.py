@@ -21,7 +21,9 @@ default collate stacks them (mmfs.loader.Mount.microbatch_file):
   test: from 0.
 - Megatron-LM's own relaunch at --phase-transition-iterations (phase_mode restart)
   works too: train reads on from the global consumed count, and valid and test are
-  the phase's own, as that launch builds them (`<split>/phases/<phase>/ranks/`).
+  the phase's own, as that launch builds them, on any data-parallel size and
+  micro-batch size (`<split>/phases/<phase>/streams/dp=D,mbs=M,from=C/RRR/`, valid
+  from the carried consumed_valid_samples, test from 0).
 
 The data-parallel rank and size are Megatron's parallel state's
 (mpu.get_data_parallel_rank / _world_size, without context parallelism, as
@@ -78,15 +80,18 @@ def _sampler(mount: Mount) -> str:
 
 
 def rank_stream_files(mount: Mount, split: str, rank: int, data_parallel_size: int, micro_batch_size: int,
-                      consumed_samples: int) -> Iterator[str]:
+                      consumed_samples: int, phase: int | None = None) -> Iterator[str]:
     """The micro-batch files `rank` reads from consumed_samples, in order: one pass
     for the single sampler (Megatron's iterator ends there), pass after pass for the
     cyclic one, each from where the rank's own sampler count ends the pass before
     (MegatronPretrainingRandomSampler counts per rank; cyclic_iter iterates it again).
-    The first folder is listed at once, so a layout Megatron's sampler refuses is
-    refused here, not at the first next()."""
+    phase k: of phase k's own valid or test (phase_mode restart), as that phase's
+    relaunch builds its loader. The first folder is listed at once, so a layout
+    Megatron's sampler refuses is refused here, not at the first next()."""
     group = data_parallel_size * micro_batch_size
-    files = mount.stream_files(split, rank, data_parallel_size, micro_batch_size, consumed_samples)
+
+    def folder(consumed: int) -> list[str]:
+        return mount.stream_files(split, rank, data_parallel_size, micro_batch_size, consumed, phase=phase)
 
     def passes(files: list[str], consumed: int) -> Iterator[str]:
         while True:
@@ -97,9 +102,9 @@ def rank_stream_files(mount: Mount, split: str, rank: int, data_parallel_size: i
                 raise LoaderError(f"{split}: rank {rank}'s pass from consumed_samples {consumed} holds no "
                                   "micro-batch (Megatron's cyclic_iter raises here)")
             consumed += len(files) * group
-            files = mount.stream_files(split, rank, data_parallel_size, micro_batch_size, consumed)
+            files = folder(consumed)
 
-    return passes(files, consumed_samples)
+    return passes(folder(consumed_samples), consumed_samples)
 
 
 def relaunch_phase(mount: Mount, args: Any) -> int | None:
@@ -111,37 +116,17 @@ def relaunch_phase(mount: Mount, args: Any) -> int | None:
     return bisect.bisect_right(starts, int(getattr(args, "iteration", 0) or 0) * int(args.global_batch_size)) - 1
 
 
-def phase_eval_files(mount: Mount, split: str, phase: int, rank: int, data_parallel_size: int,
-                     micro_batch_size: int, consumed_samples: int) -> Iterator[str]:
-    """Under restart, the micro-batch files of the phase's own valid or test (as its
-    relaunch builds them, `<split>/phases/<phase>/ranks/RRR/`) that a launch's loader
-    reads from consumed_samples: served for the config's layout, epoch 0."""
+def eval_phase(mount: Mount, split: str, phase: int | None) -> int | None:
+    """Where a relaunch's valid or test comes from: phase `phase`'s own under restart
+    (MegatronJobError where the mount has none), the mount's split otherwise."""
+    if phase is None or split == "train":
+        return None
     entry = mount.phases["phases"][phase].get(contract.KEY_SPLITS, {}).get(split) or {}
-    if contract.KEY_RANKS_PATH not in entry:
-        raise MegatronJobError(f"{mount.path}/mmfs.json: phase {phase} has no {split} micro-batches of its own (a "
-                               "run in phases under phase_mode restart with a training: block serves them): train in "
-                               "one launch, without --phase-transition-iterations")
-    t = mount.training
-    layout = (int(t[contract.KEY_DATA_PARALLEL_SIZE]), int(t[contract.KEY_MICRO_BATCH_SIZE]))
-    if (data_parallel_size, micro_batch_size) != layout:
-        raise MegatronJobError(f"{mount.path}: each phase's own {split} is served for the config's data-parallel size "
-                               f"{layout[0]} and micro-batch size {layout[1]}, the job has {data_parallel_size} and "
-                               f"{micro_batch_size}: mount a config with the job's layout")
-    group, files = data_parallel_size * micro_batch_size, int(entry[contract.KEY_MICROBATCHES])
-    if consumed_samples % group or consumed_samples // group > files:
-        raise MegatronJobError(f"{split} of phase {phase}: consumed_samples {consumed_samples} is not a micro-batch "
-                               f"start of its {files} x {group} samples")
-    rank_dir = f"{rank:0{int(t[contract.KEY_RANK_NAME_WIDTH])}d}"
-    folder = os.path.join(mount.path, entry[contract.KEY_RANKS_PATH], rank_dir)
-    width = int(entry[contract.KEY_MICROBATCH_NAME_WIDTH])
-
-    def files_from(j: int) -> Iterator[str]:
-        for k in range(j, files):
-            yield os.path.join(folder, contract.file_name(k, width))
-        if _sampler(mount) == "cyclic":  # Megatron's loader would go on into its next epoch
-            raise LoaderError(f"{folder}: the phase's own {split} is served for one epoch; the job reads past it")
-
-    return files_from(consumed_samples // group)
+    if contract.KEY_STREAMS_PATH not in entry:
+        raise MegatronJobError(f"{mount.path}/mmfs.json: phase {phase} has no {split} of its own (a run in phases "
+                               "under phase_mode restart serves each phase's; mount it with this version of mmfs): "
+                               "train in one launch, without --phase-transition-iterations")
+    return phase
 
 
 def rank_stream(mount: Mount, split: str, rank: int, data_parallel_size: int, micro_batch_size: int,
@@ -329,11 +314,8 @@ def mount_datasets_provider(mount_path: str | os.PathLike, *, get_args: Callable
             for split, wanted in zip(SPLITS, train_val_test_num_samples):
                 if not wanted:
                     continue
-                mbs = split_micro_batch_size(args, split)
-                if split == "train" or phase is None:
-                    streams[split] = rank_stream_files(mount, split, rank, size, mbs, starts[split])
-                else:
-                    streams[split] = phase_eval_files(mount, split, phase, rank, size, mbs, starts[split])
+                streams[split] = rank_stream_files(mount, split, rank, size, split_micro_batch_size(args, split),
+                                                   starts[split], eval_phase(mount, split, phase))
         except MmfsError as exc:
             _exit(exc)
 

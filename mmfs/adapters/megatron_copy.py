@@ -7,10 +7,13 @@ the copy the same way (mmfs.loader.Mount takes a folder of a mount's files).
                    reads={"train": (4, 0, 1000), "valid": (4, 0, 40)})   # split: (mbs, from, micro-batches)
 
 The copy holds mmfs.json, each rank's micro-batch files of the streams the job reads
-(`<split>/streams/dp=D,mbs=M,from=C/RRR/NNNNNNN.bin`, as many as it reads), and
-mmfs-attributes.json, the extended attributes the loader reads that a copy may lose
-(`user.mmfs.samples` of each micro-batch file, `user.mmfs.pieces` of each of their
-samples). A job that reads further than the copy finds no more files.
+(`<split>/streams/dp=D,mbs=M,from=C/RRR/NNNNNNN.bin`, as many as it reads; a restart
+phase's own valid or test with a fourth entry, its phase: `<split>/phases/<PPP>/streams/`),
+and mmfs-attributes.json, the extended attributes the loader reads that a copy may
+lose (`user.mmfs.samples` of each micro-batch file, `user.mmfs.pieces` of each of their
+samples). Copying again into the same folder adds to it (one call per launch of a
+job relaunched at its phase transitions). A job that reads further than the copy
+finds no more files.
 """
 
 from __future__ import annotations
@@ -23,20 +26,25 @@ from collections.abc import Iterable
 
 from mmfs.adapters.megatron import rank_stream_files
 from mmfs.loader import COPIED_ATTRIBUTES, Mount
+from mmfs.loader.files import copied_attributes
 from mmfs.mount import contract
 
 
 def copy_job_files(mount_path: str | os.PathLike, dest: str | os.PathLike, data_parallel_size: int,
                    reads: dict[str, tuple[int, int, int]]) -> dict[str, int]:
     """Copy what every data-parallel rank reads of each split: reads[split] =
-    (micro_batch_size, consumed_samples it starts at, micro-batches per rank).
-    Returns the files and bytes copied."""
+    (micro_batch_size, consumed_samples it starts at, micro-batches per rank[, the
+    restart phase whose own valid or test it reads]). Returns the files and bytes copied."""
     mount = Mount(mount_path)
     paths: list[str] = []
-    for split, (mbs, consumed, count) in reads.items():
+    for split, (mbs, consumed, count, *phase) in reads.items():
         for rank in range(data_parallel_size):
-            files = rank_stream_files(mount, split, rank, data_parallel_size, mbs, consumed)
+            files = rank_stream_files(mount, split, rank, data_parallel_size, mbs, consumed, *phase)
             paths.extend(itertools.islice(files, count))
+            # the folder even where nothing of it is read: the provider lists each loader's
+            # first folder when it is built (a launch builds a test loader it never reads)
+            folder = mount.stream_dir(split, rank, data_parallel_size, mbs, consumed, phase=(phase or [None])[0])
+            os.makedirs(os.path.join(dest, os.path.relpath(folder, mount.path)), exist_ok=True)
     return copy_files(mount, dest, paths)
 
 
@@ -46,7 +54,7 @@ def copy_files(mount: Mount, dest: str | os.PathLike, paths: Iterable[str]) -> d
     dest = os.fspath(dest)
     os.makedirs(dest, exist_ok=True)
     shutil.copyfile(os.path.join(mount.path, contract.MANIFEST), os.path.join(dest, contract.MANIFEST))
-    attributes: dict[str, dict[str, str]] = {}
+    attributes = copied_attributes(dest) or {}  # a copy made before, added to
     copied = size = 0
     for path in paths:
         rel = os.path.relpath(path, mount.path)
@@ -57,9 +65,9 @@ def copy_files(mount: Mount, dest: str | os.PathLike, paths: Iterable[str]) -> d
         size += os.path.getsize(target)
         samples = mount.attribute(path, contract.XATTR_SAMPLES)
         attributes[rel] = {contract.XATTR_SAMPLES: samples}
-        split = rel.split(os.sep)[0]
+        split, phase = mount.folder_of(path)  # (a restart phase's own valid or test: its own samples)
         for i in samples.split():
-            sample = mount.sample_path(split, int(i))
+            sample = mount.sample_path(split, int(i), phase)
             key = os.path.relpath(sample, mount.path)
             if key not in attributes:
                 attributes[key] = {contract.XATTR_PIECES: mount.attribute(sample, contract.XATTR_PIECES)}

@@ -15,7 +15,9 @@ The micro-batches are the files of the mount's stream folder for that layout and
 consumed_samples (`<split>/streams/dp=D,mbs=M,from=C/RRR/`, docs/streams.md; for
 `cyclic`, one folder an epoch; in a run in phases, one folder to the end of the last
 phase's pass, each phase read by its own sampler), so any layout
-and any consumed_samples Megatron would accept work; Megatron's sampler (the
+and any consumed_samples Megatron would accept work. `phase=k` reads phase k's own
+valid or test (phase_mode restart: `<split>/phases/<PPP>/streams/`), as that phase's
+relaunch reads it from its consumed_valid_samples. Megatron's sampler (the
 exact port in mmfs.megatron.sampling.samplers) is run here only to refuse, with its own
 words, a consumed_samples it would refuse.
 
@@ -45,9 +47,10 @@ class RankStream(torch.utils.data.IterableDataset):
 
     def __init__(self, mount: Mount, split: str = "train", rank: int = 0, *, consumed_samples: int = 0,
                  data_parallel_size: int | None = None, micro_batch_size: int | None = None,
-                 dataloader_type: str | None = None, data_sharding: bool | None = None, **flags: bool) -> None:
+                 dataloader_type: str | None = None, data_sharding: bool | None = None, phase: int | None = None,
+                 **flags: bool) -> None:
         t = mount.training or {}
-        self.mount, self.split, self.rank, self.flags = mount, split, rank, flags
+        self.mount, self.split, self.rank, self.flags, self.phase = mount, split, rank, flags, phase
         self.data_parallel_size = int(data_parallel_size or t.get("data_parallel_size") or 0)
         self.micro_batch_size = int(micro_batch_size or t.get("micro_batch_size") or 0)
         if not self.data_parallel_size or not self.micro_batch_size:
@@ -55,7 +58,7 @@ class RankStream(torch.utils.data.IterableDataset):
                               "training section)")
         self.dataloader_type = dataloader_type or t.get("dataloader_type", "single")
         self.data_sharding = t.get("data_sharding", True) if data_sharding is None else data_sharding
-        self.total = int(mount.samples.get(split, 0))
+        self.total = int(mount.samples.get(split, 0)) if phase is None else mount.split_samples(split, phase)
         self.load_state_dict({"consumed_samples": consumed_samples})
 
     @property
@@ -79,7 +82,7 @@ class RankStream(torch.utils.data.IterableDataset):
     def _phase_spans(self) -> list[PhaseSpan] | None:
         """A run in phases read by the cyclic sampler: each phase's own (docs/phases.md)."""
         spans = self.mount.phase_spans(self.split)
-        if spans is None or self.dataloader_type != "cyclic":
+        if spans is None or self.dataloader_type != "cyclic" or self.phase is not None:
             return None
         return [PhaseSpan(*span) for span in spans]
 
@@ -98,7 +101,8 @@ class RankStream(torch.utils.data.IterableDataset):
     def _files(self, rank: int, consumed: int) -> list[str]:
         cyclic = self.dataloader_type == "cyclic"
         return self.mount.stream_files(self.split, rank, self.data_parallel_size, self.micro_batch_size,
-                                       consumed, self.dataloader_type, self.data_sharding if cyclic else None)
+                                       consumed, self.dataloader_type, self.data_sharding if cyclic else None,
+                                       self.phase)
 
     def _segments(self, start: int) -> Iterator[list[str]]:
         """The rank's files of each stream folder it reads from `start`: one for

@@ -40,9 +40,10 @@ def beyond_dir(split: str) -> str:
     return f"/{split}/{BEYOND}"
 
 
-def streams_dir(split: str) -> str:
-    """The folder of a split's stream layouts (docs/streams.md): "/train/streams"."""
-    return f"/{split}/{STREAMS}"
+def streams_dir(folder: str) -> str:
+    """The folder of the stream layouts (docs/streams.md) of a split, "/train/streams",
+    or of a restart phase's own split (`folder` "valid/phases/001"), "/valid/phases/001/streams"."""
+    return f"/{folder}/{STREAMS}"
 
 
 # A stream layout folder's name, the one spelling (docs/streams.md): decimal
@@ -72,7 +73,7 @@ def stream_name(data_parallel_size: int, micro_batch_size: int, consumed_samples
 
 def phase_dir(split: str, phase: int, width: int) -> str:
     """A restart phase's own split (valid, test), as its relaunch builds it:
-    "/valid/phases/001", which holds `samples/` and `ranks/` as a split does."""
+    "/valid/phases/001", which holds `samples/`, `ranks/` and `streams/` as a split does."""
     return f"/{split}/{PHASES}/{phase:0{width}d}"
 
 
@@ -161,8 +162,9 @@ KEY_BEYOND_SAMPLES = "samples"  # ids len(samples) .. len(samples) + this - 1
 KEY_TRAINING = "training"
 KEY_PHASES = "phases"  # a run in phases: {phase_mode, phases: [{phase, start_sample, end_sample, datasets}]}
 # ... and in it, under restart: phase_name_width, and per phase `splits` {valid, test: as KEY_SPLITS's
-# entries, with ranks_path, microbatches and evaluations}
+# entries, with streams_path, and ranks_path, microbatches and evaluations}
 KEY_PHASE_NAME_WIDTH = "phase_name_width"
+KEY_STREAMS_PATH = "streams_path"  # a phase's own split's stream layouts: "valid/phases/001/streams"
 # ... and per phase: the samples its cyclic sampler draws from (>= its `samples`), and the split id
 # of its sample `samples` (ids past the split's own samples: its beyond view's)
 KEY_SAMPLER_SAMPLES = "sampler_samples"

@@ -1,7 +1,9 @@
 """The mount's views, declared: which directories of generated files a corpus
 gets, and what each file holds. Adding a view is one declaration here, plus
 one C reader (`mmfs_<reader>_length`/`mmfs_<reader>_tokens` in native/) if its
-bytes are new.
+bytes are new. The stream layouts (made on lookup: streams.py) are declared here
+too: which folders have a `streams/` (stream_folders) and the view of a layout's
+rank (microbatch_view).
 """
 
 from __future__ import annotations
@@ -177,6 +179,18 @@ def phase_views(corpus: Any, mtime_ns: int) -> list[View]:
             views += [microbatch_view(name, split, plan, plan_c, rank, rank_width, mtime_ns, folder=f"{folder}/{RANKS}")
                       for rank in range(training.data_parallel_size)]
     return views
+
+
+def stream_folders(corpus: Any) -> dict[str, Any]:
+    """The folders that hold a `streams/` of any layout from any consumed_samples
+    (docs/streams.md), each with the split its layouts read: every split's ("valid"),
+    and under phase_mode restart each phase's own valid and test ("valid/phases/001"),
+    which a relaunch reads from its carried consumed_valid_samples (docs/phases.md)."""
+    folders = {name: split for name, split in corpus.splits.items()}
+    width = phase_name_width(len(corpus.phase_splits))
+    for k, own in enumerate(corpus.phase_splits):
+        folders.update({phase_dir(name, k, width).lstrip("/"): split for name, split in own.items()})
+    return folders
 
 
 def rank_views(corpus: Any, mtime_ns: int) -> list[View]:

@@ -37,6 +37,7 @@ from mmfs.mount.contract import (
     KEY_SAMPLES,
     KEY_SEQUENCE_LENGTH,
     KEY_SPLITS,
+    KEY_STREAMS_PATH,
     KEY_TOKENS_PER_SAMPLE,
     KEY_TRAINING,
     RANKS,
@@ -51,6 +52,7 @@ from mmfs.mount.contract import (
     rank_name_width,
     ranks_dir,
     sample_dir,
+    streams_dir,
 )
 
 
@@ -92,7 +94,8 @@ def manifest(corpus: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]
 
 def describe_phase_splits(section: dict[str, Any], evals: list[dict[str, Any]], training: Any) -> None:
     """Under restart, each phase's own valid and test in the `phases` section: what
-    `splits` says of a split, where the mount serves it, and its micro-batches."""
+    `splits` says of a split, where the mount serves it (its samples, its streams of
+    any layout), and its micro-batches on the config's layout."""
     width = section[KEY_PHASE_NAME_WIDTH] = phase_name_width(len(evals))
     for k, (phase, own) in enumerate(zip(section["phases"], evals)):
         for name, s in own.items():
@@ -100,7 +103,8 @@ def describe_phase_splits(section: dict[str, Any], evals: list[dict[str, Any]], 
                 continue
             folder = phase_dir(name, k, width).lstrip("/")
             entry = phase[KEY_SPLITS][name]
-            entry.update(_split(name, s), **{KEY_PATH: f"{folder}/{SAMPLES}"})
+            entry.update(_split(name, s), **{KEY_PATH: f"{folder}/{SAMPLES}",
+                                             KEY_STREAMS_PATH: streams_dir(folder).lstrip("/")})
             if training is not None:
                 files = len(s) // (training.micro_batch_size * training.data_parallel_size)
                 entry[KEY_MICROBATCHES] = files

@@ -2,6 +2,9 @@
 
     <split>/streams/dp=<D>,mbs=<M>,from=<C>[,sampler=single|cyclic][,sharding=true|false]/<RRR>/<NNNNNNN>.bin
 
+(and under phase_mode restart `<split>/phases/<PPP>/streams/...`: a phase's own valid
+or test, as its relaunch's loader reads it; declarations.stream_folders lists them).
+
 File j of rank folder RRR is the j-th micro-batch Megatron's sampler, built with
 data_parallel_size D, micro_batch_size M and consumed_samples C, yields to that
 rank in one pass: to the end of the split (single) or of the current epoch
@@ -35,7 +38,7 @@ from mmfs.megatron.phases.sampling import split_sampler
 from mmfs.megatron.sampling.rankplan import RankPlan, native_plan, plan_stream
 from mmfs.megatron.sampling.samplers import SamplerError
 from mmfs.mount.contract import STREAM_NAME, STREAM_NAME_HELP, name_width, rank_name_width, streams_dir
-from mmfs.mount.declarations import microbatch_view
+from mmfs.mount.declarations import microbatch_view, stream_folders
 from mmfs.mount.views import Registry, View
 from mmfs.native import ffi, lib
 
@@ -83,6 +86,7 @@ class Streams:
         self.corpus = corpus
         self.training = corpus.config.training
         self.mtime_ns = mtime_ns
+        self.folders = stream_folders(corpus)  # "valid", "valid/phases/001", ...: the split each reads
         self._layouts: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._refused: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._lock = threading.Lock()
@@ -92,9 +96,13 @@ class Streams:
         self.used = ffi.new("int64_t[]", 1)
         self.on_change: Callable[[Registry, Any], None] | None = None
 
-    def layout(self, split: str, name: str) -> StreamLayout | None:
-        """The layout folder `name` of `split`, or None (logged once) if there is none."""
-        key = (split, name)
+    def layout(self, folder: str, name: str) -> StreamLayout | None:
+        """The layout folder `name` of the streams of `folder` (a key of self.folders:
+        "train", "valid/phases/001"), or None (logged once) if there is none."""
+        split = self.folders.get(folder)
+        if split is None:
+            return None
+        key = (folder, name)
         with self._lock:
             held = self._layouts.get(key)
             if held is not None:
@@ -104,14 +112,13 @@ class Streams:
                 return None
         try:
             layout = parse_layout(name, self.training)
-            if layout.micro_batch_size > len(self.corpus.splits[split]):
-                raise SamplerError(f"mbs={layout.micro_batch_size} is above the split's "
-                                   f"{len(self.corpus.splits[split])} samples")
-            made = StreamLayout(split, name, self.corpus.splits[split], layout, self.mtime_ns)
+            if layout.micro_batch_size > len(split):
+                raise SamplerError(f"mbs={layout.micro_batch_size} is above the split's {len(split)} samples")
+            made = StreamLayout(folder, name, split, layout, self.mtime_ns)
         except SamplerError as exc:
             with self._lock:
                 if key not in self._refused:
-                    log.warning("%s/%s: no such stream: %s", streams_dir(split), name, exc)
+                    log.warning("%s/%s: no such stream: %s", streams_dir(folder), name, exc)
                     self._refused[key] = None
                     if len(self._refused) > MAX_LOGGED:
                         self._refused.popitem(last=False)
@@ -164,8 +171,8 @@ def _held_bytes(layout: StreamLayout) -> int:
 class StreamLayout:
     """One layout folder: a view per rank over a plan that starts at C."""
 
-    def __init__(self, split_name: str, name: str, split: Any, layout: Layout, mtime_ns: int) -> None:
-        self.path = f"{streams_dir(split_name)}/{name}"
+    def __init__(self, folder: str, name: str, split: Any, layout: Layout, mtime_ns: int) -> None:
+        self.path = f"{streams_dir(folder)}/{name}"
         phased = split_sampler(split.indices, layout.dataloader_type, layout.micro_batch_size,
                                layout.data_parallel_size, layout.data_sharding)
         self.plan: RankPlan = phased.plan(layout.consumed) if phased is not None else \
@@ -177,7 +184,7 @@ class StreamLayout:
         self.rank_names = [f"{r:0{width}d}" for r in range(dp)]
         views: list[View] = []
         for rank in range(dp):
-            view = microbatch_view(split_name, split, self.plan, self.plan_c, rank, width, mtime_ns,
+            view = microbatch_view(folder, split, self.plan, self.plan_c, rank, width, mtime_ns,
                                    folder=self.path, count=self.plan.files_of(rank))
             view.width = name_width(self.plan.files_per_rank)  # one width for every rank
             views.append(view)

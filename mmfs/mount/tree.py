@@ -173,8 +173,8 @@ class Tree:
         self.root.entries[MANIFEST] = Blob(manifest_text(self.info).encode(), t)
         self.report = self.root.entries[REPORT] = ReportFile(corpus.config, t)
         self.streams = Streams(corpus, t)
-        for split in self.splits:
-            self._dirs[f"/{split}"].entries[STREAMS] = self._dirs[streams_dir(split)] = Dir(t)
+        for folder in self.streams.folders:  # each split's, each restart phase's own valid and test
+            self._dirs[f"/{folder}"].entries[STREAMS] = self._dirs[streams_dir(folder)] = Dir(t)
         self._statfs = self._compute_statfs()  # now: nothing later may touch the files
 
     # -- the views, by kind ----------------------------------------------------
@@ -205,14 +205,16 @@ class Tree:
         return node if node is not None else self._lookup_stream(path)
 
     def _lookup_stream(self, path: str) -> Node | None:
-        """A path below /<split>/streams/: a layout folder, a rank folder, a file."""
-        parts = path.split("/")  # "", split, "streams", layout[, rank[, file]]
-        if not 4 <= len(parts) <= 6 or parts[2] != STREAMS or streams_dir(parts[1]) not in self._dirs:
+        """A path below /<split>/streams/ (or /<split>/phases/<PPP>/streams/): a layout
+        folder, a rank folder, a file."""
+        folder, found, below = path.partition(f"/{STREAMS}/")
+        parts = below.split("/")  # layout[, rank[, file]]
+        if not found or not 1 <= len(parts) <= 3 or folder[1:] not in self.streams.folders:
             return None
-        layout = self.streams.layout(parts[1], parts[3])
+        layout = self.streams.layout(folder[1:], parts[0])
         if layout is None:
             return None
-        if len(parts) == 4:
+        if len(parts) == 1:
             return Dir(self.mtime_ns, {r: Dir(self.mtime_ns, view=v)
                                        for r, v in zip(layout.rank_names, layout.registry.views)})
         kind, view, i = layout.registry.find(path)

@@ -24,7 +24,10 @@ PhasedSampler). Under phase_mode restart each
 relaunch evaluates on its own valid and test (megatron/phases/evals.py): an
 evaluation step of valid is read by the launch that runs its evaluation, from
 that phase's valid, by the loader the launch built at its consumed_valid_samples
-(megatron/phases/evaluations.py); test is the last launch's, from 0.
+(megatron/phases/evaluations.py); test is the last launch's, from 0. Each of its
+micro-batches names its `stream_file`: the file of the phase's own streams/ folder
+from= where that loader (or the pass of it that reads the step) starts, on the
+config's layout.
 
 --consumed C gives the global batch a job resumed at consumed_samples C reads (for
 valid under restart: a job of the launch that evaluates there, resumed at
@@ -47,7 +50,14 @@ from mmfs.errors import ConfigError, MmfsError
 from mmfs.megatron import open_corpus
 from mmfs.megatron.phases.evaluations import eval_schedule, launch_of, valid_launches
 from mmfs.megatron.phases.sampling import sample_phase, split_sampler
-from mmfs.megatron.sampling.rankplan import microbatch_ids, plan_kind, plan_ranks, resumed_microbatch, stream_microbatch
+from mmfs.megatron.sampling.rankplan import (
+    microbatch_ids,
+    plan_kind,
+    plan_ranks,
+    rank_ids,
+    resumed_pass,
+    stream_microbatch,
+)
 from mmfs.megatron.sampling.samplers import SamplerError
 from mmfs.mount.contract import (
     MANIFEST,
@@ -58,6 +68,8 @@ from mmfs.mount.contract import (
     phase_name_width,
     rank_dir,
     rank_name_width,
+    stream_name,
+    streams_dir,
 )
 from mmfs.storage import StorageError
 from mmfs.storage.file import read_text_file
@@ -148,21 +160,28 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
         "ranks": [],
     }
     passes: dict = {}  # a resumed job's sampler passes, by consumed_samples
+    # a restart launch's loader: the phase's own streams/ (docs/streams.md)
+    folder = phase_dir(split, launch["phase"], phase_width).lstrip("/") if launch is not None else None
     for r in ranks:
         batches = []
         for k in micro:
             n = start // (mbs * dp) + k
+            stream = None
             try:
-                if launch is not None:  # the launch's loader, built at its consumed_samples
-                    at = launch["loader_consumed_samples"]
-                    found = resumed_microbatch(len(reader), mbs, dp, at, t.dataloader_type, t.data_sharding, r,
-                                               (start - at) // (mbs * dp) + k, passes)
+                if launch is not None or (consumed is not None and phased is None):
+                    # a loader built at a consumed_samples: the launch's (at its carried count), or a
+                    # job resumed at C; Megatron's sampler rebuilt there, pass after pass
+                    at = launch["loader_consumed_samples"] if launch is not None else start
+                    found = resumed_pass(len(reader), mbs, dp, at, t.dataloader_type, t.data_sharding, r,
+                                         (start - at) // (mbs * dp) + k, passes)
+                    if found is not None:
+                        pass_plan, built_at, j = found
+                        if launch is not None:  # (a --consumed answer stays the --iteration answer's twin)
+                            stream = _stream_file(folder, r, built_at, j, pass_plan)
+                        found = rank_ids(pass_plan, r, j, 1)[0], pass_plan.epoch
                 elif phased is not None:  # the phase's own sampler (rebuilt at C for a resumed job)
                     found = phased.microbatch(r, n) if consumed is None else phased.resumed_microbatch(start, r, k)
                     found = found[:2]
-                elif consumed is not None:  # a job resumed at C: Megatron's sampler rebuilt there
-                    found = resumed_microbatch(len(reader), mbs, dp, start, t.dataloader_type, t.data_sharding, r, k,
-                                               passes)
                 else:
                     found = stream_microbatch(plan, r, n) if plan.files_per_rank else None
             except SamplerError as exc:
@@ -177,6 +196,7 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
             batches.append({
                 "microbatch": k, "stream_index": n, "epoch": epoch,
                 "file": _file(split, r, n, plan, ids, launch, phase_width),
+                **({} if stream is None else {"stream_file": stream}),
                 "samples": [_sample(reader, datasets, int(i), decode, phases, launch) for i in ids],
             })
         out["ranks"].append({"rank": r, "microbatches": batches})
@@ -195,6 +215,14 @@ def _file(split: str, rank: int, n: int, plan, ids, launch: dict | None, phase_w
         return None
     folder = phase_dir(split, launch["phase"], phase_width).lstrip("/")
     return f"{folder}/{RANKS}/{rank:0{rank_name_width(plan.data_parallel_size)}d}/{file_name(n, width)}"
+
+
+def _stream_file(folder: str, rank: int, built_at: int, j: int, plan) -> str:
+    """File j of `rank` in the stream folder of a sampler built at consumed_samples
+    built_at on the config's layout: "valid/phases/001/streams/dp=2,mbs=2,from=32/000/0000003.bin"."""
+    layout = stream_name(plan.data_parallel_size, plan.micro_batch_size, built_at)
+    return (f"{streams_dir(folder).lstrip('/')}/{layout}/{rank:0{rank_name_width(plan.data_parallel_size)}d}/"
+            f"{file_name(j, name_width(plan.files_per_rank))}")
 
 
 def _eval_launch(corpus, split: str, start: int, resumed: bool) -> dict[str, Any]:
@@ -323,6 +351,8 @@ def _print_text(result: dict[str, Any]) -> None:
             file = f", file {b['file']}" if b["file"] else ""
             print(f"rank {r['rank']} micro-batch {b['microbatch']} (the rank's micro-batch "
                   f"{b['stream_index']}{where}{file}):")
+            if "stream_file" in b:  # what the loader built at that consumed_samples reads, on any mount
+                print(f"  stream file {b['stream_file']}")
             for s in b["samples"]:
                 phase = f"  phase {s['phase']}" if "phase" in s else ""
                 print(f"  sample {s['sample']}  dataset {s['dataset']}{phase}")

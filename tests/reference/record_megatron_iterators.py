@@ -26,6 +26,13 @@ training loop's next() calls: global batch / (micro batch x D) per iteration), t
 first evaluation's (eval_iters steps of eval global batch / (eval micro batch x D))
 and the first two of test, as digests of GPTDataset's fields.
 
+The phases-* cases are Megatron-LM's own relaunch at --phase-transition-iterations
+(the mount: both launches as one phase_mode restart config): the launch of phase 1,
+built at its transition, under the single and the cyclic sampler (sharded and not:
+train read by a sampler over phase 1's own dataset from its sample 0), and on
+another data-parallel size than the config's with --eval-micro-batch-size 1 (phase
+1's own valid and test through the mount's streams of that layout).
+
 How it runs on a CPU (Python 3.11): typing.override (3.12) is given a stand-in so
 megatron.training imports; torch.distributed is a one-process gloo group;
 megatron.core.parallel_state's rank functions answer for the simulated rank
@@ -71,7 +78,12 @@ RUN = "--seq-length 128 --micro-batch-size 2 --global-batch-size 16 --eval-inter
 ITERS = f"{RUN} --train-iters 20"
 # name: (launch line(s) of the job as it ran, data-parallel size D, the resume state
 #        (iteration, consumed train, consumed valid), iterations read, D of the launch the
-#        mount's config is made from, None: the job's own)
+#        mount's config is made from, None: the job's own[, arguments the resumed job
+#        adds to its launch line, which the mount's config is not made from])
+PHASE0 = f"{RUN} --train-samples 320 {BLEND} --phase-transition-iterations 10"
+PHASE1 = (f"{RUN} --train-samples 320 --data-path 0.5 data/u16_multiseq 0.5 data/u16_docs --split 90,8,2 "
+          "--phase-transition-iterations 10")
+CYCLIC = "--dataloader-type cyclic"
 CASES = {
     "single": ([f"{ITERS} {BLEND}"], 4, (0, 0, 0), 3, None),
     "single-resumed": ([f"{ITERS} {BLEND} --eod-mask-loss --reset-position-ids"], 4, (12, 192, 32), 3, None),
@@ -88,9 +100,18 @@ CASES = {
     # Megatron-LM's own phase relaunch: phase 1 (from iteration 10) built from its own
     # --data-path; the mount: both launches as one config (phase_mode restart), train
     # read on from the global consumed count, valid and test phase 1's own
-    "phases-restart": ([f"{RUN} --train-samples 320 {BLEND} --phase-transition-iterations 10",
-                        f"{RUN} --train-samples 320 --data-path 0.5 data/u16_multiseq 0.5 data/u16_docs "
-                        "--split 90,8,2 --phase-transition-iterations 10"], 2, (10, 160, 32), 3, None),
+    "phases-restart": ([PHASE0, PHASE1], 2, (10, 160, 32), 3, None),
+    # the same under the cyclic sampler: the relaunch's train sampler over phase 1's own
+    # BlendedDataset from its sample 0, valid's over phase 1's own valid at consumed 32
+    "phases-restart-cyclic": ([f"{PHASE0} {CYCLIC}", f"{PHASE1} {CYCLIC}"], 2, (10, 160, 32), 3, None),
+    "phases-restart-cyclic-unsharded": ([f"{PHASE0} {CYCLIC} --no-data-sharding",
+                                         f"{PHASE1} {CYCLIC} --no-data-sharding"], 2, (10, 160, 32), 3, None),
+    # the mount made from the dp 4 launches; the relaunch at the transition runs on dp 2
+    # (and reads valid and test in micro-batches of 1): phase 1's own valid and test on
+    # a layout the config does not have
+    "phases-restart-dp2": ([PHASE0, PHASE1], 2, (10, 160, 32), 3, 4, "--eval-micro-batch-size 1"),
+    "phases-restart-cyclic-dp2": ([f"{PHASE0} {CYCLIC}", f"{PHASE1} {CYCLIC}"], 2, (10, 160, 32), 3, 4,
+                                  "--eval-micro-batch-size 1"),
 }
 
 
@@ -212,8 +233,8 @@ def capture_num_samples(provider, seen: list):
 
 
 def run_case(m, name: str, case: tuple, work: Path, mmfs: str) -> dict:
-    lines, size, resume, iterations, mount_size = case
-    job_line = lines[-1] if name.startswith("phases") else lines[0]
+    lines, size, resume, iterations, mount_size, *job_extra = case
+    job_line = " ".join([lines[-1] if name.startswith("phases") else lines[0], *job_extra])
     splits = ("train", "valid", "test")
     folder = work / name
     folder.mkdir()
@@ -245,7 +266,8 @@ def run_case(m, name: str, case: tuple, work: Path, mmfs: str) -> dict:
               for j, (a, b) in enumerate(zip(megatron[split][r], mmfs_reads[split][r])) if a != b]
     print(f"{name}: {sum(len(v) for s in megatron.values() for v in s.values())} micro-batches, "
           f"{'all equal' if not differ else f'{len(differ)} differ, first: {differ[0]}'}", flush=True)
-    return {"launch": [f"{MODEL} {line}" for line in lines], "world_size": mount_size or size,
+    return {"launch": [f"{MODEL} {line}" for line in lines], "job_extra": " ".join(job_extra),
+            "world_size": mount_size or size,
             "data_parallel_size": size, "resume": list(resume), "iterations": iterations,
             "num_samples": seen[-1], "provider_args": provider_args, "megatron": megatron,
             "mmfs_equal": not differ}

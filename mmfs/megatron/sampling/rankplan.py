@@ -253,15 +253,18 @@ def _check_epoch(epoch: int) -> None:
                            "which takes at most 2**64 - 1 (torch raises)")
 
 
-def resumed_microbatch(total: int, micro_batch_size: int, data_parallel_size: int, consumed: int,
-                       dataloader_type: str, data_sharding: bool, rank: int, k: int,
-                       plans: dict | None = None) -> tuple[np.ndarray, int] | None:
-    """(ids, epoch) of the k-th micro-batch (0-based) `rank` reads in a job resumed at
-    consumed_samples `consumed`: Megatron's sampler rebuilt there, and for cyclic its
-    next passes, each from the rank's own count (as cyclic_iter iterates it again);
-    None where the single sampler's pass has ended. SamplerError where Megatron's
-    sampler refuses `consumed`. plans: the passes made so far, by consumed_samples
-    (a caller asking for several micro-batches keeps one dict)."""
+def resumed_pass(total: int, micro_batch_size: int, data_parallel_size: int, consumed: int,
+                 dataloader_type: str, data_sharding: bool, rank: int, k: int,
+                 plans: dict | None = None) -> tuple[RankPlan, int, int] | None:
+    """Where the k-th micro-batch (0-based) `rank` reads in a job resumed at
+    consumed_samples `consumed` lies: (the pass that holds it, the consumed_samples
+    that pass's sampler is built at, its index in the pass). The first pass is
+    Megatron's sampler rebuilt at `consumed`; for cyclic the next ones follow, each
+    from the rank's own count (as cyclic_iter iterates it again); the mount's stream
+    folder `from=` that count holds each pass (docs/streams.md). None where the
+    single sampler's pass has ended. SamplerError where Megatron's sampler refuses
+    `consumed`. plans: the passes made so far, by consumed_samples (a caller asking
+    for several micro-batches keeps one dict)."""
     plans = {} if plans is None else plans
     while True:
         plan = plans.get(consumed)
@@ -270,13 +273,27 @@ def resumed_microbatch(total: int, micro_batch_size: int, data_parallel_size: in
                                                  dataloader_type, data_sharding)
         files = plan.files_of(rank)
         if k < files:
-            return rank_ids(plan, rank, k, 1)[0], plan.epoch
+            return plan, consumed, k
         if plan.kind == "single":
             return None
         if files == 0:
             raise SamplerError(f"rank {rank}'s pass from consumed_samples {consumed} yields no micro-batch")
         k -= files
         consumed += files * plan.samples_per_step
+
+
+def resumed_microbatch(total: int, micro_batch_size: int, data_parallel_size: int, consumed: int,
+                       dataloader_type: str, data_sharding: bool, rank: int, k: int,
+                       plans: dict | None = None) -> tuple[np.ndarray, int] | None:
+    """(ids, epoch) of the k-th micro-batch (0-based) `rank` reads in a job resumed at
+    consumed_samples `consumed` (resumed_pass: Megatron's sampler rebuilt there, and
+    for cyclic its next passes); None where the single sampler's pass has ended."""
+    found = resumed_pass(total, micro_batch_size, data_parallel_size, consumed, dataloader_type, data_sharding,
+                         rank, k, plans)
+    if found is None:
+        return None
+    plan, _at, j = found
+    return rank_ids(plan, rank, j, 1)[0], plan.epoch
 
 
 def stream_microbatch(plan: RankPlan, rank: int, n: int) -> tuple[np.ndarray, int] | None:
