@@ -16,7 +16,7 @@ It prints both loss curves and the largest difference of each variant (0 is the
 target: the same batches give the same losses) and exits 1 if any differs.
 
     python benchmarks/megatron_e2e.py prepare --out E2E            # a machine with FUSE (no GPU needed)
-    python benchmarks/megatron_e2e.py run --dir E2E --megatron-lm PATH/TO/Megatron-LM [--mount]
+    python benchmarks/megatron_e2e.py run --dir E2E --megatron-lm PATH/TO/Megatron-LM [--mount] [--variant V]
 
 `prepare` writes the corpus (byte-level tokens of the Python standard library, as
 `make demo`: mmfs.tools.demo), the launch lines, each variant's config, and a plain
@@ -251,10 +251,12 @@ def compare(variant: str, megatron: dict, mmfs: dict, kinds: tuple[str, ...]) ->
     return worst
 
 
-def run(folder: Path, megatron_lm: Path, use_mount: bool, gpus: int) -> int:
+def run(folder: Path, megatron_lm: Path, use_mount: bool, gpus: int, variants: list[str] | None = None) -> int:
     manifest = json.loads((folder / "e2e.json").read_text())
     worst = {}
     for variant, runs in manifest.items():
+        if variants and variant not in variants:
+            continue
         where = folder / variant
         for name in ("losses-megatron.jsonl", "losses-mmfs.jsonl", "losses-megatron.log", "losses-mmfs.log"):
             (where / name).unlink(missing_ok=True)
@@ -291,11 +293,13 @@ def main(argv: list[str] | None = None) -> int:
     go.add_argument("--megatron-lm", type=Path, required=True, help="Megatron-LM at core_v0.19.0")
     go.add_argument("--mount", action="store_true", help="mount the configs here instead of reading the copies")
     go.add_argument("--gpus", type=int, default=1)
+    go.add_argument("--variant", action="append", choices=list(VARIANTS),
+                    help="run only this variant (repeatable; default: all four)")
     args = p.parse_args(argv)
     if args.command == "prepare":
         prepare(args.out.resolve())
         return 0
-    return run(args.dir.resolve(), args.megatron_lm.resolve(), args.mount, args.gpus)
+    return run(args.dir.resolve(), args.megatron_lm.resolve(), args.mount, args.gpus, args.variant)
 
 
 if __name__ == "__main__":
