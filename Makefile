@@ -49,8 +49,10 @@ demo: install
 report-png: install browser
 	$(PY) -m mmfs.tools.demo --screenshot docs/report.png
 
+# Two pytest workers (pytest-xdist); TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: install-test browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 bench: install
 	$(PY) -m mmfs.cli bench --help
