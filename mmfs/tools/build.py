@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 
@@ -19,6 +20,7 @@ PRINT_CHUNK = 1 << 16  # tokens turned into text at a time
 def build_command(args) -> int:
     """Build (or load) every index of a config and print what it holds."""
     corpus = open_corpus(args.config, progress=not args.quiet, jobs=getattr(args, "jobs", None))
+    gc.freeze()  # kept to the end: the collector need not walk its objects again (a tenth of a re-open)
     if args.json:
         print(json.dumps(manifest(corpus), indent=2))
         return 0
