@@ -1,6 +1,7 @@
 """The YAML config: every user mistake is one clear error naming the file and the
 key, raised before any index is built."""
 
+import os
 import subprocess
 import sys
 
@@ -164,3 +165,21 @@ def test_cli_build_reports_progress_and_timings(tmp_path):
     assert "building train/u16_docs" in result.stderr
     assert "sample index" in result.stderr and " s)" in result.stderr
     assert "train: 100 samples" in result.stdout
+
+
+def test_dataset_files_resolve_as_realpath_with_each_folder_resolved_once(tmp_path):
+    """parse_blend resolves each folder once (ten thousand datasets in one folder):
+    the same files as os.path.realpath, through symbolic links to folders and to
+    prefixes, `.` and `..`."""
+    from mmfs.config.blend import dataset_file
+
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    (tmp_path / "real" / "sub" / "x").write_text("")
+    (tmp_path / "real" / "y").symlink_to(tmp_path / "real" / "sub" / "x")
+    real_folders: dict[str, str] = {}
+    for path in ["link/a", "link/sub/../b", "link/y", "./link//c", "link/sub/..", "link/", "../q", "y",
+                 str(tmp_path / "link" / "d")]:
+        for base in [str(tmp_path), str(tmp_path / "link")]:
+            expected = os.path.realpath(os.path.join(base, path))
+            assert dataset_file(path, base, real_folders) == expected == dataset_file(path, base), path

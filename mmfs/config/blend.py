@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -102,14 +103,30 @@ def parse_data_words(words: list[str], checker: Checker, key: str) -> list[dict]
     return [{"path": p, "weight": w} for w, p in zip(weights, words[1::2])]
 
 
-def dataset_file(path: str, base_dir: str) -> str:
+def dataset_file(path: str, base_dir: str, real_folders: dict[str, str] | None = None) -> str:
     """Where a dataset path of the config points, the dataset's identity: a URL as
     written, a local path resolved from the config's folder through `.`, `..` and
     symbolic links, so that one dataset written two ways is one. (Megatron hashes the
-    path as written: that is DatasetSpec.path, kept beside.)"""
+    path as written: that is DatasetSpec.path, kept beside.)
+
+    real_folders: folders resolved already, by this same look at the config: ten
+    thousand datasets in one folder resolve it once, then each prefix is one lstat
+    (os.path.realpath would lstat every part of every path)."""
     if scheme_of(path) is not None:
         return path
-    return os.path.realpath(os.path.join(base_dir, path))
+    joined = os.path.join(base_dir, path)
+    folder, name = os.path.split(joined)
+    if real_folders is None or name in ("", ".", ".."):
+        return os.path.realpath(joined)
+    try:
+        if stat.S_ISLNK(os.lstat(joined).st_mode):
+            return os.path.realpath(joined)
+    except OSError:
+        pass  # no such file (a prefix usually is none): as realpath, the name is kept
+    real = real_folders.get(folder)
+    if real is None:
+        real = real_folders[folder] = os.path.realpath(folder)
+    return os.path.join(real, name)
 
 
 def _json_key(entry: dict, file: str, checker: Checker, where: str) -> str | None:
@@ -135,6 +152,7 @@ def parse_blend(value: Any, checker: Checker, key: str, base_dir: str,
     if not isinstance(value, list) or not value:
         raise checker.fail(key, "expected a non-empty list of datasets ({path, weight, name})")
     specs = []
+    real_folders: dict[str, str] = {}
     for i, entry in enumerate(value):
         where = f"{key}[{i}]"
         if isinstance(entry, str):
@@ -145,7 +163,7 @@ def parse_blend(value: Any, checker: Checker, key: str, base_dir: str,
         if entry.get("path") is None:
             raise checker.fail(f"{where}.path", "missing: the dataset prefix or .pbin file")
         path = checker.path_text(entry.get("path"), f"{where}.path", "the dataset prefix or .pbin file")
-        file = dataset_file(path, base_dir)
+        file = dataset_file(path, base_dir, real_folders)
         json_key = _json_key(entry, file, checker, where)
         if json_key is None and path.endswith((".bin", ".idx")):
             raise checker.fail(f"{where}.path", f"{path} ends in {path[-4:]}: Megatron appends .bin and .idx to a "
