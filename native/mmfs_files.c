@@ -202,6 +202,52 @@ void mmfs_files_heads(const int64_t *ids, int64_t n, int32_t size, uint8_t *out,
     }
 }
 
+/* Read n bytes at pos into to, through short reads; bytes read, or -1. */
+static int64_t read_fully(int fd, uint8_t *to, int64_t n, int64_t pos) {
+    int64_t done = 0;
+    while (done < n) {
+        ssize_t k = pread(fd, to + done, (size_t)(n - done), pos + done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) break;
+        done += k;
+    }
+    return done;
+}
+
+static int32_t copy_one(const char *path, const int64_t *identity, int32_t head_size, uint8_t *head,
+                        int64_t offset, int64_t length, uint8_t *to) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return MMFS_E_IO;
+    struct stat st;
+    int32_t rc = MMFS_E_IO;
+    if (fstat(fd, &st) != 0) goto done;
+    if (!S_ISREG(st.st_mode) || (identity[0] >= 0 && st.st_size != identity[0]) ||
+        (identity[1] >= 0 && mtime_of(&st) != identity[1]) ||
+        (identity[2] >= 0 && (int64_t)st.st_ino != identity[2])) {
+        rc = MMFS_E_CHANGED;
+        goto done;
+    }
+    int64_t got_head = read_fully(fd, head, head_size, 0);
+    int64_t got_data = read_fully(fd, to, length, offset);
+    if (got_head < 0 || got_data < 0) goto done;
+    rc = got_data < length ? MMFS_E_CHANGED : (int32_t)got_head;
+done:
+    close(fd);
+    return rc;
+}
+
+void mmfs_files_copy(const char *paths, int64_t n, const int64_t *identity, int32_t head_size,
+                     uint8_t *heads, int32_t *got, const int64_t *offsets, const int64_t *lengths,
+                     uint8_t *out, const int64_t *at) {
+    const char *path = paths;
+    for (int64_t i = 0; i < n; ++i) {
+        got[i] = copy_one(path, identity + 3 * i, head_size, heads + i * (int64_t)head_size,
+                          offsets[i], lengths[i], out + at[i]);
+        path += strlen(path) + 1;
+    }
+}
+
 int64_t mmfs_file_path(int64_t id, char *out, int64_t capacity) {
     pthread_mutex_lock(&lock);
     entry *e = find(id);

@@ -33,7 +33,7 @@ from mmfs.formats.dtypes import native_code
 from mmfs.megatron.cache.npyfile import HEAD, CachedArray
 from mmfs.native import ffi, lib, note_fetch_failure
 from mmfs.storage import localfiles
-from mmfs.storage.file import FileSource, read_fd_into
+from mmfs.storage.file import FileSource
 from mmfs.storage.memory import MemorySource
 
 
@@ -126,14 +126,14 @@ class ArrayPlacer:
 
     `place(c, array)` points c at the array (its map) at once; `finish()` then
     switches the largest file-backed arrays to pread until the others fit in
-    `map_limit` bytes (None: everything stays mapped); `load()` replaces
-    those others' maps by copies in memory."""
+    `map_limit` bytes (None: everything stays mapped), and copies those of the
+    others still in their cache files; `load()` replaces the maps of the rest by
+    copies in memory."""
 
     def __init__(self, map_limit: int | None = None) -> None:
         self.map_limit = map_limit
         self._placed: list[tuple[Any, np.ndarray, tuple[str, int] | None]] = []
         self._files: dict[str, int] = {}  # path -> its id in the open-files table
-        self._pread_files: set[int] = set()  # the ids some array is read from with pread
         self._within: list[tuple[tuple[str, int], np.ndarray]] = []  # kept within the limit
         self._by_region: dict[tuple[str, int], list[Any]] = {}  # structs placed on each file region
         self._copies: list[np.ndarray] = []  # what load() made
@@ -214,6 +214,7 @@ class ArrayPlacer:
                 by_region.setdefault(region, []).append(c)
         seen: set[tuple[str, int]] = set()
         unchecked: list[tuple[int, CachedArray]] = []  # known from a header file or record
+        copied: list[tuple[tuple[str, int], CachedArray]] = []
         for nbytes, i in files:
             c, array, region = self._placed[i]
             if region in seen:  # the same bytes placed twice: decided already
@@ -222,43 +223,73 @@ class ArrayPlacer:
             if self.map_limit is None:
                 self.mapped_bytes += nbytes
                 continue
-            within = self.mapped_bytes + nbytes <= self.map_limit
-            if within:
-                self._within.append((region, array))
+            if self.mapped_bytes + nbytes <= self.map_limit:
                 self.mapped_bytes += nbytes
-                if not isinstance(array, CachedArray):
-                    continue  # mapped until load() copies it
-            else:
-                self.pread_bytes += nbytes
-            # Read with pread (an unmapped CachedArray within the limit, until load()).
+                if isinstance(array, CachedArray):
+                    copied.append((region, array))
+                else:
+                    self._within.append((region, array))  # mapped until load() copies it
+                continue
+            self.pread_bytes += nbytes
             path, offset = region
             file = self._file(path, array)
-            if not within:
-                self._pread_files.add(file)
             if isinstance(array, CachedArray) and array.known_from is not None:
                 unchecked.append((file, array))
             for c2 in by_region[region]:
                 c2.data, c2.file, c2.offset = ffi.NULL, file, offset
+        self._copy(copied)
         _check_heads(unchecked)
 
+    def _copy(self, arrays: list[tuple[tuple[str, int], CachedArray]]) -> None:
+        """Copy the unmapped arrays kept within the limit into one block of memory, each
+        file read once, in one C call (tens of thousands of small index files), and
+        checked as it is read: the file the array was made from, and the header the
+        header file or record it is known from says (HeaderFileLied when not). A copy
+        never faults however its file changes later; a daemon forked after inherits it."""
+        if not arrays:
+            return
+        at = np.zeros(len(arrays) + 1, dtype=np.int64)
+        # each copy starts 64-byte aligned: any dtype may view it
+        np.cumsum([-(-a.nbytes // 64) * 64 for _, a in arrays], out=at[1:])
+        block = np.empty(int(at[-1]), dtype=np.uint8)
+        paths = b"".join(path.encode("utf-8", "surrogateescape") + b"\0" for (path, _), _ in arrays)
+        identity = np.array([a.file if a.file is not None else (-1, -1, -1) for _, a in arrays],
+                            dtype=np.int64).reshape(-1, 3)
+        offsets = np.array([offset for (_, offset), _ in arrays], dtype=np.int64)
+        lengths = np.array([a.nbytes for _, a in arrays], dtype=np.int64)
+        heads = np.empty((len(arrays), HEADS), dtype=np.uint8)
+        got = np.empty(len(arrays), dtype=np.int32)
+        lib.mmfs_files_copy(paths, len(arrays), ffi.from_buffer("int64_t[]", identity), HEADS,
+                            ffi.from_buffer("uint8_t[]", heads), ffi.from_buffer("int32_t[]", got),
+                            ffi.from_buffer("int64_t[]", offsets), ffi.from_buffer("int64_t[]", lengths),
+                            ffi.from_buffer("uint8_t[]", block), ffi.from_buffer("int64_t[]", at))
+        raw, start = heads.tobytes(), block.ctypes.data
+        for k, (region, array) in enumerate(arrays):
+            n = int(got[k])
+            if n < 0:
+                why = "changed since it was read" if n == lib.MMFS_E_CHANGED else "cannot be read"
+                if array.known_from is not None:
+                    raise array.lied(f"{array.path}: {why}")
+                raise FormatError(f"{array.path}: {why}; run the command again")
+            if array.known_from is not None:
+                if n == HEADS and array.offset > HEADS:  # a long header: read on its own
+                    array.vouched()
+                else:
+                    array.check_head(raw[k * HEADS : k * HEADS + n])
+            address = ffi.cast("const uint8_t *", start + int(at[k]))
+            for c in self._by_region[region]:
+                c.data, c.file, c.offset = address, 0, 0
+        self._copies.append(block)
+
     def load(self) -> None:
-        """Replace the maps of the arrays kept within the limit by copies read
-        from their files, in this process's memory. Call it in the process that
-        serves reads (the daemon, after the fork): a copy never faults, however
-        its file changes later. Files then read by no array are given back."""
+        """Replace the maps of the arrays kept within the limit (arrays already
+        mapped when placed; those still in their cache files were copied by
+        finish()) by copies read from their files, in this process's memory. Call
+        it in the process that serves reads (the daemon, after the fork): a copy
+        never faults, however its file changes later."""
         for region, array in self._within:
             path, offset = region
-            file = self._files.get(path)
-            if file is None:  # a mapped array: its file is not in the table
-                copy = np.fromfile(path, dtype=array.dtype, count=array.size, offset=offset)
-            else:  # through the table: thousands of small arrays, one pread each
-                copy = np.empty(array.size, dtype=array.dtype)
-                try:
-                    with localfiles.descriptor(file) as fd:
-                        got = read_fd_into(fd, offset, memoryview(copy).cast("B"))
-                except OSError as exc:
-                    raise FormatError(f"{path}: {_why(exc)}; run the command again") from None
-                copy = copy[: got // copy.itemsize]
+            copy = np.fromfile(path, dtype=array.dtype, count=array.size, offset=offset)
             if copy.size != array.size:
                 raise FormatError(f"{path}: shorter than when it was opened (it changed); "
                                   "run the command again")
@@ -268,10 +299,6 @@ class ArrayPlacer:
             self._copies.append(copy)
         self._within = []
         self._by_region = {}  # (what load needed; the structs point at the copies now)
-        for path, file in list(self._files.items()):
-            if file not in self._pread_files:
-                localfiles.forget(file)
-                del self._files[path]
 
     def files(self) -> list[str]:
         """Every file an array placed here comes from."""
