@@ -3,6 +3,7 @@ files (a long-running reader's memory must not grow with what it reads). Every
 golden sample is the same either way."""
 
 import mmap
+import os
 
 import numpy as np
 import pytest
@@ -120,7 +121,7 @@ def test_pread_block_cache_never_serves_another_files_blocks(tmp_path):
             corpus.placer.close()
 
 
-def test_load_copies_cached_arrays_and_names_a_file_that_shrank(tmp_path):
+def test_finish_copies_cached_arrays_and_names_a_file_that_shrank(tmp_path):
     from mmfs.errors import FormatError
     from mmfs.megatron.cache.npyfile import read_npy_header
 
@@ -130,17 +131,18 @@ def test_load_copies_cached_arrays_and_names_a_file_that_shrank(tmp_path):
     kept, shrinks = ffi.new("mmfs_array *"), ffi.new("mmfs_array *")
     placer.place(kept, read_npy_header(str(tmp_path / "kept.npy")))
     placer.place(shrinks, read_npy_header(str(tmp_path / "shrinks.npy")))
-    placer.finish()
-    assert kept.file > 0 and kept.data == ffi.NULL  # read through its file until load()
+    assert kept.data == ffi.NULL  # until finish() copies it
     with open(tmp_path / "shrinks.npy", "r+b") as f:
         f.truncate(1000)
     with pytest.raises(FormatError, match="shrinks.npy: changed since it was read"):
-        placer.load()
+        placer.finish()
     placer.close()
 
     placer = ArrayPlacer(map_limit=1 << 20)
     placer.place(kept, read_npy_header(str(tmp_path / "kept.npy")))
     placer.finish()
+    assert kept.file == 0 and kept.data != ffi.NULL  # a copy, whatever happens to the file now
+    os.unlink(tmp_path / "kept.npy")
     placer.load()
     copied = np.frombuffer(ffi.buffer(kept.data, 3000 * 8), dtype=np.int64)
     assert np.array_equal(copied, np.arange(3000))
