@@ -158,21 +158,25 @@ def check_token_ids(config: Config, dtype: np.dtype) -> None:
 
 
 @contextmanager
-def _collector_paused():
+def _collector_paused(freeze: bool):
     """Opening a blend of thousands of datasets makes hundreds of thousands of small
     objects and no garbage cycles to speak of; the cyclic collector's passes over
-    them cost a tenth of a cached re-open."""
+    them cost a tenth of a cached re-open. freeze: the caller keeps the corpus to
+    its end (a command, a mount), so what was made is moved out of the collector's
+    reach (gc.freeze) before it runs again: else its first pass walks it all."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if freeze:
+            gc.freeze()
         if enabled:
             gc.enable()
 
 
 def open_corpus(config_path: str | Config, progress: bool = True, map_limit_mb: int | None = None,
-                jobs: int | None = None) -> Corpus:
+                jobs: int | None = None, freeze: bool = False) -> Corpus:
     """Load a config (or take one loaded before: a mount's, as it was when mounted), open
     its datasets and build (or load) every index.
 
@@ -180,8 +184,10 @@ def open_corpus(config_path: str | Config, progress: bool = True, map_limit_mb: 
     map_limit_mb: keep at most this many MB of index and token files mapped and
     read the rest with pread (for long-running readers, whose resident memory
     must not grow with what they read; see arrays.py). None: map everything.
-    jobs: indices built at once (default: one per CPU)."""
-    with _collector_paused():
+    jobs: indices built at once (default: one per CPU).
+    freeze: the corpus is kept to the process's end: the objects made are frozen
+    (gc.freeze), never walked by the collector again."""
+    with _collector_paused(freeze):
         return _open_corpus(config_path, progress, map_limit_mb, jobs)
 
 
@@ -265,18 +271,18 @@ def index_bytes_in_memory(corpus: Corpus) -> int:
 
 
 def open_corpus_for_serving(config_path: str, progress: bool = True, map_limit_mb: int = 64,
-                            open_files: int = DEFAULT_OPEN_FILES) -> Corpus:
+                            open_files: int = DEFAULT_OPEN_FILES, freeze: bool = False) -> Corpus:
     """open_corpus for a long-running reader (the mount daemon): indices just
     built, and so held in memory, are re-opened from the cache, so that the
     reader's resident memory does not hold them. At most `open_files` dataset and
     index files are kept open (localfiles.py); the open-file limit is raised for
     them, and for the cache file of each dataset in object storage, where needed."""
-    corpus = open_corpus(config_path, progress=progress, map_limit_mb=map_limit_mb)
+    corpus = open_corpus(config_path, progress=progress, map_limit_mb=map_limit_mb, freeze=freeze)
     fit_open_files(corpus.remote_files, open_files, f"the mount of {config_path}")
     if index_bytes_in_memory(corpus) <= REOPEN_ABOVE:
         return corpus
     log.info("re-opening the indices from the cache")
-    corpus = open_corpus(config_path, progress=False, map_limit_mb=map_limit_mb)
+    corpus = open_corpus(config_path, progress=False, map_limit_mb=map_limit_mb, freeze=freeze)
     held = index_bytes_in_memory(corpus)
     if held > REOPEN_ABOVE:
         log.warning("the index cache could not be used: %.0f MB of indices stay in memory "

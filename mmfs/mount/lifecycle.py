@@ -266,10 +266,10 @@ def mount_command(args: argparse.Namespace) -> int:
     options = parse_mount_options(args.options)
     check_mount_point(mountpoint, allow_nonempty=options.nonempty)
     quiet = bool(getattr(args, "quiet", False))
-    corpus = open_corpus_for_serving(args.config, progress=not quiet, map_limit_mb=options.map_limit_mb,
-                                     open_files=options.open_files)
     # The corpus lives as long as the daemon: the collector need not walk its objects
     # again (at 10,000 datasets a tenth of the mount), nor touch their pages after the fork.
+    corpus = open_corpus_for_serving(args.config, progress=not quiet, map_limit_mb=options.map_limit_mb,
+                                     open_files=options.open_files, freeze=True)
     gc.freeze()
     tree = Tree(corpus)
     gc.freeze()

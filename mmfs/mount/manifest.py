@@ -118,10 +118,21 @@ def describe_splits(corpus: Any) -> dict[str, dict[str, Any]]:
     return {name: _split(name, s) for name, s in corpus.indices.items()}
 
 
+def top_level(s: Any) -> str:
+    """What a split's top-level dataset is."""
+    if not s.blend:
+        return "GPTDataset"
+    return "phases" if getattr(s, "phases", None) is not None else "BlendedDataset"
+
+
+def epochs(g: Any) -> int:
+    """The epochs of its dataset's split that a GPTDataset's document index holds."""
+    return g.shape("document_index")[0] // max(1, g.params.end - g.params.beg)
+
+
 def _split(name: str, s: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "top_level": ("phases" if getattr(s, "phases", None) is not None else "BlendedDataset") if s.blend
-        else "GPTDataset",
+        "top_level": top_level(s),
         "samples": len(s),
         "gpt_datasets": [
             {
@@ -129,7 +140,7 @@ def _split(name: str, s: Any) -> dict[str, Any]:
                 "sequences": [g.params.beg, g.params.end],
                 "num_samples_requested": g.params.num_samples,
                 "samples": len(g),
-                "epochs": g.shape("document_index")[0] // max(1, g.params.end - g.params.beg),
+                "epochs": epochs(g),
                 "cache": g.cache.path("*"),
             }
             for g in s.gpts

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import stat
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -90,9 +91,48 @@ class Resolved:
         if hash_ != cache.hash or sorted(arrays) != sorted(names):
             raise ValueError(f"{self.path}: not the arrays of {cache.base}")
         cache.description_file = tuple(description)
-        return {name: CachedArray(cache.path(f"{name}.npy"), _dtype(descr), tuple(shape), offset,
-                                  file=tuple(saved), known_from=self.path)
-                for name, (descr, shape, offset, saved) in arrays.items()}
+        return RecordedArrays(self.path, cache, arrays)
+
+
+class RecordedArrays(MutableMapping):
+    """One index's arrays as its record gives them: each CachedArray made when first
+    asked for (a re-open of 20,000 indices asks for none; their lengths come from
+    the recorded shapes), then held as the caller stores it (mapped, say)."""
+
+    __slots__ = ("_record", "_cache", "_facts", "_held")
+
+    def __init__(self, record: str, cache, facts: dict) -> None:
+        self._record, self._cache, self._facts, self._held = record, cache, facts, {}
+
+    def __getitem__(self, name: str):
+        found = self._held.get(name)
+        if found is None:
+            descr, shape, offset, saved = self._facts[name]
+            found = self._held[name] = CachedArray(self._cache.path(f"{name}.npy"), _dtype(descr), tuple(shape),
+                                                   offset, file=tuple(saved), known_from=self._record)
+        return found
+
+    def __setitem__(self, name: str, value) -> None:
+        if name not in self._facts:
+            raise KeyError(name)
+        self._held[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        raise TypeError("the arrays of an index are fixed")
+
+    def __iter__(self):
+        return iter(self._facts)
+
+    def __len__(self) -> int:
+        return len(self._facts)
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        found = self._held.get(name)
+        return tuple(found.shape) if found is not None else tuple(self._facts[name][1])
+
+    def held(self) -> list:
+        """The arrays made (or stored) so far; the others are cache files, none in memory."""
+        return list(self._held.values())
 
 
 _DTYPES: dict[str, np.dtype] = {}

@@ -12,6 +12,7 @@ from mmfs.config.schema import DatasetSpec
 from mmfs.megatron.arrays import file_region
 from mmfs.megatron.cache.index_cache import IndexCache
 from mmfs.megatron.cache.npyfile import CachedArray
+from mmfs.megatron.cache.resolved import RecordedArrays
 from mmfs.megatron.indices.gpt import GptParams
 
 GPT_ARRAYS = {
@@ -29,8 +30,9 @@ class _Arrays:
     """Named arrays, each in memory or a CachedArray mapped on first use, and the
     cache they belong to."""
 
-    def __init__(self, arrays: dict, cache: IndexCache, from_cache: bool) -> None:
-        self._arrays = dict(arrays)
+    def __init__(self, arrays: dict | RecordedArrays, cache: IndexCache, from_cache: bool) -> None:
+        # A record's arrays are made as they are asked for (cache/resolved.py).
+        self._arrays = arrays if isinstance(arrays, RecordedArrays) else dict(arrays)
         self.cache = cache
         self.from_cache = from_cache
 
@@ -41,6 +43,8 @@ class _Arrays:
         return a
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if isinstance(self._arrays, RecordedArrays):
+            return self._arrays.shape_of(name)
         return tuple(self._arrays[name].shape)
 
     def names(self) -> list[str]:
@@ -53,7 +57,8 @@ class _Arrays:
     def bytes_in_memory(self) -> int:
         """Bytes of these arrays held in memory rather than in cache files (which
         are mapped on first use); O(1) per array, maps nothing."""
-        return sum(int(a.nbytes) for a in self._arrays.values()
+        held = self._arrays.held() if isinstance(self._arrays, RecordedArrays) else self._arrays.values()
+        return sum(int(a.nbytes) for a in held
                    if not isinstance(a, CachedArray) and file_region(a) is None)
 
 
