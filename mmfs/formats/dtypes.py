@@ -18,12 +18,17 @@ DTYPE_TO_CODE = {dtype: code for code, dtype in CODE_TO_DTYPE.items()}
 UINT32_CODE = 9
 
 
+_NATIVE_CODES: dict = {}  # as asked for -> code: asked for each of 100,000 arrays of a mount
+
+
 def native_code(dtype: np.dtype) -> int:
     """The C core's dtype code for a token dtype."""
-    dtype = np.dtype(dtype)
-    if dtype == np.uint32:
-        return UINT32_CODE
-    return DTYPE_TO_CODE[dtype]
+    code = _NATIVE_CODES.get(dtype)
+    if code is None:
+        found = np.dtype(dtype)
+        code = UINT32_CODE if found == np.uint32 else DTYPE_TO_CODE[found]
+        _NATIVE_CODES[dtype] = code
+    return code
 
 
 def optimal_dtype(vocab_size: int | None) -> np.dtype:

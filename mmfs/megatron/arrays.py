@@ -207,19 +207,23 @@ class ArrayPlacer:
 
     def finish(self) -> None:
         """Apply the map limit (once every array is placed)."""
-        files = sorted((a.nbytes, i) for i, (_, a, region) in enumerate(self._placed) if region)
-        by_region = self._by_region = {}
-        for c, _, region in self._placed:
+        # Each file region once (the same bytes may be placed twice), smallest first.
+        by_region: dict[tuple[str, int], list[Any]] = {}
+        files = []
+        for i, (c, a, region) in enumerate(self._placed):
             if region:
-                by_region.setdefault(region, []).append(c)
-        seen: set[tuple[str, int]] = set()
+                structs = by_region.get(region)
+                if structs is None:
+                    by_region[region] = [c]
+                    files.append((a.nbytes, i))
+                else:
+                    structs.append(c)
+        files.sort()
+        self._by_region = by_region
         unchecked: list[tuple[int, CachedArray]] = []  # known from a header file or record
         copied: list[tuple[tuple[str, int], CachedArray]] = []
         for nbytes, i in files:
-            c, array, region = self._placed[i]
-            if region in seen:  # the same bytes placed twice: decided already
-                continue
-            seen.add(region)
+            _, array, region = self._placed[i]
             if self.map_limit is None:
                 self.mapped_bytes += nbytes
                 continue
