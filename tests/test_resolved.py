@@ -180,3 +180,38 @@ def test_only_configs_of_local_indexed_datasets_are_recorded(tmp_path, monkeypat
     assert not os.path.exists(record_of(str(phased)))
     open_corpus(config, progress=False)
     assert os.path.exists(record_of(config))
+
+
+def test_a_reopen_makes_each_array_of_the_record_only_when_asked_for(blend):
+    """The record's 20,000 indices at a large blend are not 60,000 objects a re-open
+    makes: lengths and shapes come from the record, an array when it is used."""
+    config = blend
+    again = open_corpus(config, progress=False)
+    resolved.forget(config)
+    full = open_corpus(config, progress=False)  # the full way: every array made
+    for name, split in again.indices.items():
+        assert len(split) == len(full.indices[name])
+        for g, f in zip(split.gpts, full.indices[name].gpts):
+            arrays = g._arrays
+            assert isinstance(arrays, resolved.RecordedArrays) and arrays.held() == []
+            assert len(g) == len(f) and g.names() == f.names()
+            assert all(g.shape(n) == tuple(f.raw(n).shape) for n in f.names())
+            assert g.bytes_in_memory() == 0 and arrays.held() == []
+            assert np.array_equal(g.shuffle_index, f.shuffle_index)  # made, checked, mapped
+            assert len(arrays.held()) == 1 and g.shape("shuffle_index") == f.shuffle_index.shape
+    assert {n: [s.read(i) for i in range(len(s))] for n, s in again.splits.items()} == \
+        {n: [s.read(i) for i in range(len(s))] for n, s in full.splits.items()}
+
+
+def test_open_corpus_can_freeze_what_it_made(blend):
+    """mmfs build and mount keep the corpus to their end: what it made is frozen
+    (gc.freeze) before the collector runs again, never walked by it."""
+    import gc
+
+    before = gc.get_freeze_count()
+    try:
+        corpus = open_corpus(blend, progress=False, freeze=True)
+        assert gc.get_freeze_count() > before and gc.isenabled()
+        assert len(corpus.indices["train"]) > 0
+    finally:
+        gc.unfreeze()
