@@ -107,9 +107,13 @@ class RecordedArrays(MutableMapping):
     def __getitem__(self, name: str):
         found = self._held.get(name)
         if found is None:
+            if name not in self._facts:
+                raise KeyError(name)
             descr, shape, offset, saved = self._facts[name]
             found = self._held[name] = CachedArray(self._cache.path(f"{name}.npy"), _dtype(descr), tuple(shape),
                                                    offset, file=tuple(saved), known_from=self._record)
+            if len(self._held) == len(self._facts):  # all made: the record's lists need not stay (a mount's memory)
+                self._facts = tuple(self._facts)
         return found
 
     def __setitem__(self, name: str, value) -> None:
