@@ -214,6 +214,7 @@ def _integers(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.program = argv is None  # run as the program (its end is the process's), not called from Python
     level = logging.DEBUG if args.verbose else logging.ERROR if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="mmfs: %(message)s", stream=sys.stderr)
     module_name, func_name = COMMANDS[args.command].split(":")

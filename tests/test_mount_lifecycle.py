@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 from golden_cases import GOLDEN, write_case_config
 from mount_fixtures import (
     ROOT,
+    Mount,
     force_unmount,
     is_mounted,
     mmfs,
@@ -233,3 +235,21 @@ def test_an_option_libfuse_refuses_is_named_on_the_command_line(tmp_path, p2_con
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("mmfs: error:") and "unknown option `bogusopt'" in lines[-1]
     assert "Traceback" not in proc.stderr and not is_mounted(mnt)
+
+
+def test_mount_run_as_the_program_ends_once_mounted_with_its_output_flushed(tmp_path, p2_config):
+    """The command's process ends with os._exit once the daemon answers (it does not
+    free its copy of the corpus object by object): its line and its log still arrive."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = mmfs("mount", p2_config, mnt, "--log", tmp_path / "mnt.log")
+    pid = re.search(r"daemon pid (\d+)", proc.stdout)
+    try:
+        assert proc.returncode == 0 and pid, (proc.stdout, proc.stderr)
+        assert proc.stdout.startswith(f"mmfs: mounted {p2_config} on {mnt}")
+        assert "indices ready" in proc.stderr  # logged, flushed before the end
+        assert json.loads((mnt / "mmfs.json").read_text())["samples"]["train"] > 0
+    finally:
+        if pid:
+            stop_mount(Mount(mnt, int(pid.group(1)), tmp_path / "mnt.log", p2_config))
+        force_unmount(mnt)

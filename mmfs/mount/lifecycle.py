@@ -291,7 +291,20 @@ def mount_command(args: argparse.Namespace) -> int:
         raise
     if not quiet:
         print(f"mmfs: mounted {args.config} on {mountpoint} (daemon pid {pid}, log {log_path})")
+    if getattr(args, "program", False):
+        _end_now()
     return 0
+
+
+def _end_now() -> None:
+    """End `mmfs mount` once the daemon answers, its output flushed, without freeing
+    the corpus and tree object by object (the daemon has its own copy): at 10,000
+    datasets half a second of CPU before the command returns."""
+    close_range_caches()  # what atexit would run (os._exit runs no handler)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # -- umount --------------------------------------------------------------------
