@@ -266,13 +266,18 @@ def mount_command(args: argparse.Namespace) -> int:
     options = parse_mount_options(args.options)
     check_mount_point(mountpoint, allow_nonempty=options.nonempty)
     quiet = bool(getattr(args, "quiet", False))
-    # The corpus lives as long as the daemon: the collector need not walk its objects
-    # again (at 10,000 datasets a tenth of the mount), nor touch their pages after the fork.
-    corpus = open_corpus_for_serving(args.config, progress=not quiet, map_limit_mb=options.map_limit_mb,
-                                     open_files=options.open_files, freeze=True)
-    gc.freeze()
-    tree = Tree(corpus)
-    gc.freeze()
+    # The corpus and tree live as long as the daemon: the collector need not walk their
+    # objects, neither while they are made (its passes over the readers' and tree's
+    # hundreds of thousands were a quarter of the mount at 10,000 datasets) nor after
+    # (nor touch their pages after the fork): paused, then what was made is frozen.
+    gc.disable()
+    try:
+        corpus = open_corpus_for_serving(args.config, progress=not quiet, map_limit_mb=options.map_limit_mb,
+                                         open_files=options.open_files, freeze=True)
+        tree = Tree(corpus)
+    finally:
+        gc.freeze()
+        gc.enable()
     # Someone may have mounted there while the indices were built.
     check_mount_point(mountpoint, allow_nonempty=options.nonempty)
 
