@@ -35,7 +35,7 @@ class MotoServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 300  # a hang guard: moto imports slowly on a loaded machine
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
@@ -64,7 +64,8 @@ class MotoServer:
 class FaultProxy:
     """An HTTP proxy on 127.0.0.1 in front of `target`. Set a fault and how many
     requests it hits (GETs of object bytes only, unless `every` is set; with
-    `period` n, every n-th of those):
+    `period` n, the 1st, (n+1)-th, ... attempt at each object and Range: counted per
+    range, so which attempts fail does not depend on how concurrent requests interleave):
     fault = "503" | "500" | "cut" | "truncate" | "deny" | "shift" (a 206 of the range
     two bytes on, of the same length, with its own honest Content-Range) | "hang"
     (the request is taken and never answered, until `release()`) | "trickle" (the
@@ -86,7 +87,7 @@ class FaultProxy:
         self.remaining = 0
         self.every = False
         self.period = 1
-        self._matching = 0
+        self._matching: dict[tuple[str, str], int] = {}  # attempts seen per (path, Range) since inject
         self.down = False
         self.delay = 0.0
         self.requests = 0
@@ -144,7 +145,7 @@ class FaultProxy:
             self._released.clear()
         with self._lock:
             self.fault, self.remaining, self.every, self.period = fault, count, every, period
-            self._matching = 0
+            self._matching = {}
 
     def reset_peak(self) -> None:
         with self._lock:
@@ -175,8 +176,9 @@ class FaultProxy:
             self.ranged_gets += ranged
             hit = self.match is None or self.match in h.path
             if self.fault and self.remaining > 0 and (ranged or self.every) and hit:
-                self._matching += 1
-                if self._matching % self.period:
+                attempt = (h.path, h.headers.get("Range", ""))
+                self._matching[attempt] = seen = self._matching.get(attempt, 0) + 1
+                if (seen - 1) % self.period:
                     return None
                 self.remaining -= 1
                 self.injected += 1

@@ -119,13 +119,6 @@ def backoff(attempt: int) -> float:
     return min(BACKOFF_MAX, 0.05 * 2 ** attempt)
 
 
-def longest_wait(settings: StorageSettings) -> float:
-    """The longest a request (so a read) waits for the store before it fails:
-    every attempt to its deadline, every backoff at its jitter's longest."""
-    return (settings.retries + 1) * settings.request_timeout + sum(
-        1.5 * backoff(a) for a in range(1, settings.retries + 1))
-
-
 _DOWN: dict[tuple, StoreDown] = {}
 _DOWN_LOCK = threading.Lock()
 
