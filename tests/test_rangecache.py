@@ -89,6 +89,9 @@ def test_the_disk_stays_under_the_limit_in_pages(tmp_path, size):
         peak = max(peak, disk(tmp_path / "c"))
     assert limit // 2 < peak <= limit
     assert cache.cached_bytes <= limit
+    counted = cache.counters()  # as the mount's user.mmfs.counters gives them
+    assert counted["dropped"] > 0 and counted["cached"] <= counted["peak"] <= limit, counted
+    assert counted["requests"] == len(origin.asked) and counted["fetched"] == sum(b - a for a, b in origin.asked)
 
 
 def test_concurrent_reads_under_a_tiny_limit_are_exact(tmp_path):

@@ -1,7 +1,8 @@
 """The daemon's own counters, as `user.mmfs.counters` on the mount's root gives them
 (docs/mount.md): the FUSE requests it was sent by kind (the C handlers count theirs,
 native/mmfs_fuse.c; this counts the ones Python answers), the most READs in the
-daemon at once, and the requests to the store in flight (storage/inflight.py)."""
+daemon at once, the requests to the store in flight (storage/inflight.py) and what
+the range caches hold and dropped (storage/rangecache.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from mmfs.native import ffi, lib
 from mmfs.storage.inflight import counters as storage_counters
+from mmfs.storage.remote import range_counters
 
 
 class Counters:
@@ -30,4 +32,5 @@ class Counters:
             kind += 1
         with self._lock:
             requests.update(self._python)
-        return {"requests": requests, "reads_at_once": lib.mmfs_fuse_reads_at_once(), "storage": storage_counters()}
+        return {"requests": requests, "reads_at_once": lib.mmfs_fuse_reads_at_once(), "storage": storage_counters(),
+                "ranges": range_counters()}

@@ -131,6 +131,7 @@ class RangeCache:
         self.on_disk = True  # False once the folder failed: every read fetches for itself
         self.fetched_bytes = 0
         self.requests = 0
+        self.dropped_bytes = 0  # pages of cached ranges dropped to make room (or when the limit was lowered)
         self._warned: set[str] = set()
         self._shrinks = 0  # times a full disk lowered the limit
 
@@ -279,6 +280,7 @@ class RangeCache:
         (key, start), cost = self._lru.popitem(last=False)
         obj = self._objects[key]
         self.cached_bytes -= cost
+        self.dropped_bytes += cost
         self._punch(obj, *obj.remove(start))
 
     def _punch(self, obj: _Object, lo: int, hi: int) -> None:
@@ -344,6 +346,15 @@ class RangeCache:
             if covered < b:
                 return False
         return True
+
+    def counters(self) -> dict:
+        """What the cache holds and did so far (the mount's counters), in bytes: its limit,
+        the pages of ranges cached and being fetched into it, the most of both at once,
+        the pages dropped to make room, and the bytes fetched, in `requests` fetches."""
+        with self._lock:
+            return {"limit": self.limit, "cached": self.cached_bytes, "reserved": self.reserved_bytes,
+                    "peak": self.peak_bytes, "dropped": self.dropped_bytes, "fetched": self.fetched_bytes,
+                    "requests": self.requests, "on_disk": self.on_disk}
 
     def close(self) -> None:
         with self._lock:

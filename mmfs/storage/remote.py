@@ -217,6 +217,13 @@ def range_cache(settings: StorageSettings) -> RangeCache:
         return cache
 
 
+def range_counters() -> list[dict]:
+    """The counters of this process's range caches (one per cache folder used)."""
+    with _RANGES_LOCK:
+        mine = [cache for folder, cache in _RANGES.items() if os.path.basename(folder) == str(os.getpid())]
+    return [cache.counters() for cache in mine]
+
+
 def close_range_caches() -> None:
     """Remove this process's range folders now (also registered atexit; a forked
     daemon ends with os._exit, which runs no atexit handler, so it calls this)."""
