@@ -73,5 +73,11 @@ int mmfs_latency_start(const char *device, int64_t idle_ms);
 void mmfs_latency_touch(void);
 int mmfs_latency_held(void);
 void mmfs_latency_stop(void);
+/* For tests, a clock set by hand instead of the real one (ms >= 0; -1: the real one
+ * again, as after stop): touches and the releaser read it. Returns how many times the
+ * releaser had looked at the idle time before it was set; mmfs_latency_checks() counts
+ * on, so a count past that one is a look at the new time. */
+int64_t mmfs_latency_set_clock(int64_t ms);
+int64_t mmfs_latency_checks(void);
 
 #endif

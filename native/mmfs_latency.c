@@ -20,8 +20,12 @@ static char *g_device;
 static int64_t g_idle_ms;
 static int g_enabled, g_running, g_stop, g_held, g_fd = -1;
 static int64_t g_last_ms;
+static int64_t g_set_ms = -1; /* a clock set by hand (tests: mmfs_latency_set_clock), -1: the real one */
+static int64_t g_checks;      /* the releaser's looks at the idle time, under g_lock */
 
 static int64_t now_ms(void) {
+    int64_t set = __atomic_load_n(&g_set_ms, __ATOMIC_ACQUIRE);
+    if (set >= 0) return set;
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
     return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
@@ -42,6 +46,7 @@ static void *releaser(void *unused) {
             continue;
         }
         int64_t idle = now_ms() - __atomic_load_n(&g_last_ms, __ATOMIC_RELAXED);
+        g_checks++;
         if (idle >= g_idle_ms) {
             release_locked();
             continue;
@@ -102,6 +107,22 @@ void mmfs_latency_touch(void) {
     pthread_mutex_unlock(&g_lock);
 }
 
+int64_t mmfs_latency_set_clock(int64_t ms) {
+    pthread_mutex_lock(&g_lock);
+    __atomic_store_n(&g_set_ms, ms < 0 ? -1 : ms, __ATOMIC_RELEASE);
+    int64_t checks = g_checks;
+    pthread_cond_signal(&g_wake); /* the releaser looks again, at the new time */
+    pthread_mutex_unlock(&g_lock);
+    return checks;
+}
+
+int64_t mmfs_latency_checks(void) {
+    pthread_mutex_lock(&g_lock);
+    int64_t checks = g_checks;
+    pthread_mutex_unlock(&g_lock);
+    return checks;
+}
+
 int mmfs_latency_held(void) {
     return __atomic_load_n(&g_held, __ATOMIC_ACQUIRE);
 }
@@ -117,5 +138,6 @@ void mmfs_latency_stop(void) {
     pthread_mutex_lock(&g_lock);
     release_locked();
     g_running = 0;
+    __atomic_store_n(&g_set_ms, -1, __ATOMIC_RELEASE); /* the next start runs on the real clock */
     pthread_mutex_unlock(&g_lock);
 }

@@ -5,6 +5,8 @@ import time
 
 from mmfs.mount.latency import LatencyGuard
 
+HANG_GUARD = 300.0  # seconds: only a releaser that truly hangs takes this long to look, whatever the load
+
 
 def _open_fds_to(path) -> int:
     target = os.path.realpath(path)
@@ -17,26 +19,35 @@ def _open_fds_to(path) -> int:
     return count
 
 
+def _at(guard: LatencyGuard, seconds: float) -> None:
+    """Set the guard's clock to `seconds` and wait until its releaser has looked at that time."""
+    before = guard.set_clock(seconds)
+    deadline = time.monotonic() + HANG_GUARD
+    while guard.checks <= before:
+        assert time.monotonic() < deadline, f"the releaser never looked at the time in {HANG_GUARD:.0f} s (it hangs)"
+        time.sleep(0.01)
+
+
 def test_guard_holds_while_touched_and_releases_when_idle(tmp_path):
     device = tmp_path / "qos"
     device.write_bytes(b"")
-    # idle: far longer than a busy machine takes between a touch and the next line
     guard = LatencyGuard(enabled=True, device=str(device), idle=1.0)
     try:
         assert guard.enabled and not guard.held
+        guard.set_clock(100.0)  # the guard's time is what the test sets: no pause of a busy machine counts
         guard.touch()
         assert guard.held and _open_fds_to(device) == 1
         assert device.read_bytes() == b"\0\0\0\0"
-        for _ in range(5):  # touches keep it
-            time.sleep(0.06)
+        for now in (100.999, 101.998, 102.997):  # touches keep it: each just under a second after the last
+            _at(guard, now)
+            assert guard.held and _open_fds_to(device) == 1
             guard.touch()
-            assert guard.held
-        deadline = time.monotonic() + 30
-        while guard.held and time.monotonic() < deadline:
-            time.sleep(0.02)
+        _at(guard, 103.996)  # 0.999 s idle: held
+        assert guard.held and _open_fds_to(device) == 1
+        _at(guard, 103.997)  # 1 s idle: dropped
         assert not guard.held and _open_fds_to(device) == 0
         guard.touch()  # taken again on the next request
-        assert guard.held
+        assert guard.held and _open_fds_to(device) == 1
     finally:
         guard.close()
     assert not guard.held and _open_fds_to(device) == 0

@@ -55,6 +55,18 @@ class LatencyGuard:
     def held(self) -> bool:
         return bool(lib.mmfs_latency_held())
 
+    def set_clock(self, seconds: float | None) -> int:
+        """Run the guard on a clock set by hand (tests: its time is only what they set,
+        whatever the machine's speed), at `seconds`; None: the real clock again. The
+        releaser looks at the new time at once; returns the count of its looks before
+        (`checks` passes it once it has looked)."""
+        return lib.mmfs_latency_set_clock(-1 if seconds is None else int(round(seconds * 1000)))
+
+    @property
+    def checks(self) -> int:
+        """How many times the releaser has looked at how long the guard was idle."""
+        return lib.mmfs_latency_checks()
+
     def close(self) -> None:
         if self.enabled:
             lib.mmfs_latency_stop()
