@@ -16,6 +16,7 @@ from tiny_blends import write_tiny_blend
 from mmfs.megatron import open_corpus
 from mmfs.megatron.build import builder
 from mmfs.megatron.cache.write import TEMP_PREFIX
+from mount_fixtures import HANG_GUARD
 
 
 def leftovers(folder) -> list[str]:
@@ -63,7 +64,7 @@ def test_ctrl_c_while_a_build_waits_is_one_line_exit_130_and_leaves_no_lock_of_i
             if "waiting for the builder holding" in line:
                 break
         build.send_signal(signal.SIGINT)
-        out, err = build.communicate(timeout=60)
+        out, err = build.communicate(timeout=HANG_GUARD)
     finally:
         holder.kill()
         holder.wait()

@@ -22,6 +22,7 @@ from mmfs.megatron import open_corpus
 from mmfs.megatron.cache import locks as cachelock
 from mmfs.megatron.cache.write import TEMP_PREFIX, clean_stale_temporaries, write_problem
 from mmfs.megatron.indices.blend import build_blending_indices
+from mount_fixtures import HANG_GUARD
 
 CONFIG = BLEND_CONFIG
 
@@ -93,7 +94,7 @@ def test_a_killed_builders_lock_is_taken_over(tmp_path):
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     build = mmfs("-v", "build", str(config))
-    out, err = build.communicate(timeout=60)
+    out, err = build.communicate(timeout=HANG_GUARD)
     assert build.returncode == 0, err
     assert "taking the lock over" in err
     assert not os.path.exists(lock)
@@ -113,12 +114,24 @@ def test_a_waiting_builder_times_out_naming_the_lock(tmp_path):
         holder.wait()
 
 
-def test_a_lock_of_another_host_without_heartbeat_goes_stale(tmp_path):
+def test_a_lock_of_another_host_without_heartbeat_goes_stale(tmp_path, monkeypatch, caplog):
     lock = tmp_path / "y.lock"
     lock.write_text(json.dumps({"host": "elsewhere-" + socket.gethostname(), "pid": 1, "start": 0}))
-    t = time.monotonic()
-    cachelock.wait_unlocked(str(lock), stale_after=0.3, timeout=30)
-    assert not lock.exists() and time.monotonic() - t >= 0.3
+    clock = [0.0]
+
+    class Waits:  # the waiter's clock moves only by the pauses it takes: no machine's speed counts
+        time = staticmethod(time.time)
+        monotonic = staticmethod(lambda: clock[0])
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            clock[0] += seconds
+
+    monkeypatch.setattr(cachelock, "time", Waits)
+    with caplog.at_level(logging.WARNING):
+        cachelock.wait_unlocked(str(lock), stale_after=0.3, timeout=30)
+    assert not lock.exists() and clock[0] > 0.3  # taken over once unchanged for longer than stale_after
+    assert "stale lock" in caplog.text and "not refreshed for 0 s" in caplog.text, caplog.text
 
 
 def test_stale_temporary_files_are_removed(tmp_path):
@@ -348,7 +361,7 @@ def test_an_empty_lock_file_is_not_a_builders(tmp_path):
     old = time.time() - 60
     os.utime(lock, (old, old))
     build = mmfs("-v", "build", str(config))
-    out, err = build.communicate(timeout=60)  # not 120 s of waiting per lock
+    out, err = build.communicate(timeout=HANG_GUARD)  # (the line below says it did not wait for the lock)
     assert build.returncode == 0, err
     assert "names no builder" in err and not lock.exists()
 
@@ -360,7 +373,7 @@ def test_a_lock_path_that_is_a_directory_is_one_line(tmp_path):
     lock = cache / index.name.replace("-shuffle_index.npy", ".lock")
     lock.mkdir()
     build = mmfs("-q", "build", str(config))
-    out, err = build.communicate(timeout=60)
+    out, err = build.communicate(timeout=HANG_GUARD)
     assert build.returncode == 2 and err.count("\n") == 1 and str(lock) in err, err
 
 
@@ -371,7 +384,7 @@ def test_a_fifo_in_the_cache_is_rebuilt_not_waited_on(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     index.symlink_to(tmp_path / "fifo")
     build = mmfs("-q", "build", str(config))
-    out, err = build.communicate(timeout=60)
+    out, err = build.communicate(timeout=HANG_GUARD)
     assert build.returncode == 0, err
     assert index.is_file() and not index.is_symlink()  # rebuilt in its place
 

@@ -19,6 +19,7 @@ import pytest
 
 from golden_cases import GOLDEN, write_case_config
 from mount_fixtures import (
+    HANG_GUARD,
     ROOT,
     Mount,
     force_unmount,
@@ -98,7 +99,7 @@ def test_already_mounted_and_umount_messages(tmp_path, p2_config):
         line = _one_error_line(mmfs("mount", p2_config, mnt))
         assert "already a mount point" in line and "mmfs umount" in line
         # busy: a process sits in the mount
-        sitter = subprocess.Popen(["sleep", "30"], cwd=mnt / "train")
+        sitter = subprocess.Popen(["sleep", "600"], cwd=mnt / "train")  # there until killed, however slow the umount
         try:
             line = _one_error_line(mmfs("umount", mnt))
             assert "busy" in line and "--lazy" in line
@@ -174,14 +175,14 @@ def test_foreground_mount_and_ctrl_c(tmp_path, p2_config):
     proc = subprocess.Popen([sys.executable, "-m", "mmfs.cli", "mount", "-f", str(p2_config), str(mnt)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + HANG_GUARD
         while not (mnt / "mmfs.json").exists():
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, f"the mount never answered in {HANG_GUARD:.0f} s (it hangs)"
             time.sleep(0.02)
         assert (mnt / "valid" / "samples" / "0000099.bin").stat().st_size == 258
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
+        out, err = proc.communicate(timeout=HANG_GUARD)
         assert proc.returncode == 0, err
         assert not is_mounted(mnt)
     finally:
