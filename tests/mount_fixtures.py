@@ -26,8 +26,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def mmfs(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    """Run the `mmfs` CLI (this checkout's) and capture its output."""
+HANG_GUARD = 300.0  # seconds: only a process that truly hangs takes this long, however busy the machine
+
+
+def mmfs(*args: str, timeout: float = HANG_GUARD, **kwargs) -> subprocess.CompletedProcess:
+    """Run the `mmfs` CLI (this checkout's) and capture its output (`timeout`: a hang guard)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run(
@@ -54,9 +57,6 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
-
-
-HANG_GUARD = 300.0  # seconds: only a process that truly hangs takes this long, however busy the machine
 
 
 def wait_gone(pid: int, timeout: float = HANG_GUARD) -> bool:

@@ -256,13 +256,13 @@ def test_a_fifo_as_megatrons_data_file_is_refused_at_once(tmp_path, key):
     base = {k: v for k, v in BASE.items() if not (k == "split" and key == "per_split_data_args_path")}
     path = folder / "c.yaml"
     path.write_text(yaml.safe_dump({**base, key: "fifo"}))
-    _one_line(mmfs("build", path, timeout=20), f"{key}: {folder / 'fifo'}: is a FIFO (named pipe), not a regular file")
+    _one_line(mmfs("build", path), f"{key}: {folder / 'fifo'}: is a FIFO (named pipe), not a regular file")
 
 
 def test_a_fifo_as_arguments_file_is_refused_at_once(tmp_path):
     folder = _folder(tmp_path)
     os.mkfifo(folder / "args.txt")
-    _one_line(mmfs("config", "--from-megatron", "@args.txt", cwd=folder, timeout=20),
+    _one_line(mmfs("config", "--from-megatron", "@args.txt", cwd=folder),
               "args.txt: is a FIFO (named pipe), not a regular file")
 
 
@@ -270,10 +270,10 @@ def test_an_arguments_file_past_the_limit_is_refused_not_cut(tmp_path):
     folder = _folder(tmp_path)
     with open(folder / "args.txt", "wb") as f:  # sparse: no disk used
         f.truncate(MAX_ARGS_FILE + 1)
-    _one_line(mmfs("config", "--from-megatron", "@args.txt", cwd=folder, timeout=20),
+    _one_line(mmfs("config", "--from-megatron", "@args.txt", cwd=folder),
               f"args.txt: is {MAX_ARGS_FILE + 1:,} bytes, more than any arguments file (256 MiB at most)")
     (folder / "c.yaml").write_text(yaml.safe_dump({**BASE, "data_args_path": "args.txt"}))
-    _one_line(mmfs("build", folder / "c.yaml", timeout=20), "more than any arguments file (256 MiB at most)")
+    _one_line(mmfs("build", folder / "c.yaml"), "more than any arguments file (256 MiB at most)")
 
 
 def test_an_arguments_file_past_16_mib_is_read_whole(tmp_path):

@@ -116,7 +116,7 @@ def test_mistakes_are_one_line(tmp_path, edit, words):
     for name, text in variants.items():
         (folder / name).write_text(text + "\n")
     files = edit(["phase0.args", "phase1.args", "phase2.args"])
-    proc = mmfs("config", "--from-megatron", *_launches(*files), cwd=folder, timeout=30)
+    proc = mmfs("config", "--from-megatron", *_launches(*files), cwd=folder)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
 
 

@@ -22,6 +22,7 @@ from format_helpers import document_tokens
 from golden_cases import GOLDEN, case_names, expected_samples, write_case_config
 from mmfs.formats import open_dataset
 from mount_fixtures import (
+    HANG_GUARD,
     mounted,
     pid_alive,
     stat_errno,
@@ -257,7 +258,7 @@ def test_threads_and_processes_read_right_bytes(golden):
     for t in threads:
         t.join()
     for _ in procs:
-        results.append(queue.get(timeout=120))
+        results.append(queue.get(timeout=HANG_GUARD))  # a hang guard: a reader process that never reports
     for p in procs:
         p.join(timeout=30)
     total = sum(n for n, _ in results)

@@ -153,7 +153,8 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("continue-cyclic")
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(configs())
 def test_which_keeps_every_iteration_inside_its_phase(cache, case):
     schedule, dp, mbs, phases, sharding = case

@@ -24,7 +24,7 @@ from mmfs.cli import main
 from mmfs.formats.indexed import IndexedDataset
 from mmfs.text import source
 from mmfs.text.pipeline import _assemble
-from mount_fixtures import ROOT
+from mount_fixtures import HANG_GUARD, ROOT
 
 GOLDEN = Path(__file__).parent / "golden" / "preprocess"
 CORPUS = GOLDEN / "corpus.jsonl"
@@ -251,7 +251,7 @@ class FifoInput:
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
-        self.thread.join(timeout=60)
+        self.thread.join(timeout=HANG_GUARD)
 
 
 def start(tmp_path: Path, *args: str) -> subprocess.Popen:
@@ -275,7 +275,7 @@ def workers_of(pid: int) -> list[int]:
     return out
 
 
-def wait_until_writing(proc: subprocess.Popen, tmp_path: Path, timeout: float = 60) -> list[int]:
+def wait_until_writing(proc: subprocess.Popen, tmp_path: Path, timeout: float = HANG_GUARD) -> list[int]:
     """The worker pids, once the workers run and tokens reach the temporary .bin."""
     end = time.monotonic() + timeout
     while time.monotonic() < end and proc.poll() is None:
@@ -293,7 +293,7 @@ def test_interrupted_run_leaves_nothing_finished(tmp_path, how):
         proc = start(tmp_path, "--input", fifo.path, "--output-prefix", "out", *BYTES, "--workers", "2")
         wait_until_writing(proc, tmp_path)
         os.kill(proc.pid, {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[how])
-        proc.communicate(timeout=60)  # also waits for the workers: they hold its stderr
+        proc.communicate(timeout=HANG_GUARD)  # also waits for the workers: they hold its stderr
     assert proc.returncode == (-signal.SIGKILL if how == "sigkill" else 130)
     assert not (tmp_path / "out_text_document.bin").exists()
     assert not (tmp_path / "out_text_document.idx").exists()
@@ -305,7 +305,7 @@ def test_interrupted_run_leaves_nothing_finished(tmp_path, how):
         # the next run removes what the dead one left
         (tmp_path / "small.jsonl").write_text('{"text": "a"}\n')
         again = start(tmp_path, "--input", "small.jsonl", "--output-prefix", "out", *BYTES)
-        assert again.wait(timeout=60) == 0
+        assert again.wait(timeout=HANG_GUARD) == 0
         assert sorted(p.name for p in tmp_path.glob("out*")) == ["out_text_document.bin",
                                                                  "out_text_document.idx"]
 
@@ -314,7 +314,7 @@ def test_dead_worker_is_an_error_not_a_hang(tmp_path):
     with FifoInput(tmp_path) as fifo:
         proc = start(tmp_path, "--input", fifo.path, "--output-prefix", "out", *BYTES, "--workers", "2")
         os.kill(wait_until_writing(proc, tmp_path)[0], signal.SIGKILL)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode == 2
     assert "a worker process died" in err and err.count("\n") == 1
     assert not list(tmp_path.glob("out*"))

@@ -25,7 +25,7 @@ pytest.importorskip("moto")
 from s3_server import CREDENTIALS, FaultProxy, MotoServer, use_test_credentials  # noqa: E402
 
 from golden_cases import GOLDEN, PUBLIC, case_config, case_names, load_case  # noqa: E402
-from mount_fixtures import mmfs, mounted  # noqa: E402
+from mount_fixtures import HANG_GUARD, mmfs, mounted  # noqa: E402
 
 BUCKET = "golden"
 DATA = sorted({p.with_suffix("").name for p in (GOLDEN / "data").glob("*.idx")})
@@ -87,7 +87,7 @@ class RecordingProxy(FaultProxy):
                 self.asked.append((h.path, h.headers["Range"]))
             hold = self.hold
             if hold is not None and hold(h.path, h.headers["Range"]):
-                self._go.wait(120)  # bounded: a failed test never leaves it hanging
+                self._go.wait(HANG_GUARD)  # bounded: a failed test never leaves it hanging
         super()._serve(h)
 
 
@@ -252,9 +252,7 @@ def test_an_endpoint_that_goes_away_gives_eio_and_comes_back(tmp_path, proxy, lo
         assert err.value.errno == 5  # EIO
         assert "s3://golden/data/u16_docs.bin: bytes" in b.log.read_text()
         proxy.down = False
-        deadline = time.monotonic() + 60  # a hang guard: the probe finds the store within a second or two
-        while "the store answers again" not in b.log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: "the store answers again" in b.log.read_text(), "the probe finding the store again")
         for name in first[:20]:  # the daemon lived, and reads again
             assert (b.path / "train/samples" / name).read_bytes() == (a.path / "train/samples" / name).read_bytes()
 
@@ -324,20 +322,20 @@ def test_a_missing_object_bucket_or_access_is_one_line_and_no_mount(tmp_path, pr
         config = _config(tmp_path, path, proxy.url)
         for command in (["build", config], ["info", path], ["mount", config, tmp_path / "m"]):
             named = ["datasets[0].path: "] if command[0] != "info" else []
-            one_line_error(mmfs(*command, timeout=60), *fragments, *named)
+            one_line_error(mmfs(*command), *fragments, *named)
         assert not os.path.ismount(tmp_path / "m")
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     config = _config(tmp_path, remote("data/u16_docs"), proxy.url)
     proxy.inject("deny", count=1000, every=True)
-    one_line_error(mmfs("build", config, timeout=60), "access denied", "AWS_ACCESS_KEY_ID")
+    one_line_error(mmfs("build", config), "access denied", "AWS_ACCESS_KEY_ID")
     proxy.inject(None)
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
-    one_line_error(mmfs("build", config, timeout=60), "no credentials")
+    one_line_error(mmfs("build", config), "no credentials")
     proxy.down = True
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
-    one_line_error(mmfs("build", config, timeout=60), "cannot reach the object store")
+    one_line_error(mmfs("build", config), "cannot reach the object store")
 
 
 def test_a_missing_msc_object_or_profile_is_one_line(tmp_path, proxy, msc_profile):
@@ -345,8 +343,8 @@ def test_a_missing_msc_object_or_profile_is_one_line(tmp_path, proxy, msc_profil
                              ("msc://elsewhere/data/u16_docs", "msc://elsewhere/data/u16_docs",
                               "MSC_CONFIG")]:
         config = _config(tmp_path, path, proxy.url)
-        one_line_error(mmfs("build", config, timeout=60), "datasets[0].path: ", *fragments)
-        one_line_error(mmfs("info", path, timeout=60), *fragments[-1:])
+        one_line_error(mmfs("build", config), "datasets[0].path: ", *fragments)
+        one_line_error(mmfs("info", path), *fragments[-1:])
 
 
 @pytest.mark.parametrize("storage,key,words", [
@@ -511,11 +509,11 @@ def covered(pieces, ranges: dict[str, list[tuple[int, int]]]) -> bool:
     return True
 
 
-def wait_for(condition, what: str, timeout: float = 60.0) -> None:
-    """Wait until `condition()` holds; the timeout only ends a test that has failed."""
+def wait_for(condition, what: str, timeout: float = HANG_GUARD) -> None:
+    """Wait until `condition()` holds; the timeout only ends a test that has failed (it hangs)."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, f"{what}: not after {timeout:.0f} s (it hangs)"
         time.sleep(0.02)
 
 
@@ -561,8 +559,8 @@ def test_a_remote_mount_prefetches_the_next_files_in_order(tmp_path, recording, 
             assert not fetched(6)
         finally:
             proxy.let_go()
-            reader.join(60)
-        assert not reader.is_alive()
+            reader.join(HANG_GUARD)
+        assert not reader.is_alive(), f"the read of file 1 hangs past {HANG_GUARD:.0f} s"
         local = local_mount("p1_single_u16").path / rank
         for name in names[2:40]:  # what the window fetched reads as the local bytes
             assert (b.path / rank / name).read_bytes() == (local / name).read_bytes()

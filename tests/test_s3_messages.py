@@ -100,15 +100,15 @@ def test_credentials_in_an_endpoint_url_are_refused_and_never_written(tmp_path, 
     url = f"s3://{BUCKET}/data/u16_docs"
     with_password = proxy.url.replace("http://", f"http://admin:{SECRET}@")
     cfg = config(tmp_path, url, with_password)
-    one_line(mmfs("build", cfg, timeout=60), "storage.endpoint_url: ", "holds credentials", "http://***@127.0.0.1")
+    one_line(mmfs("build", cfg), "storage.endpoint_url: ", "holds credentials", "http://***@127.0.0.1")
     (tmp_path / "m").mkdir()
-    one_line(mmfs("mount", cfg, tmp_path / "m", timeout=60), "storage.endpoint_url: ", "holds credentials")
+    one_line(mmfs("mount", cfg, tmp_path / "m"), "storage.endpoint_url: ", "holds credentials")
     assert not os.path.ismount(tmp_path / "m") and not (tmp_path / "m" / "mmfs.json").exists()
     for variable in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):  # the environment's endpoint, config without one
         monkeypatch.setenv(variable, with_password)
         cfg = config(tmp_path, url, None)
         for command in commands(tmp_path, cfg, url):
-            one_line(mmfs(*command, timeout=60), f"{variable}: ", "holds credentials")
+            one_line(mmfs(*command), f"{variable}: ", "holds credentials")
         monkeypatch.delenv(variable)
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert not [p for p in written if SECRET in p.read_text(errors="replace")]
@@ -123,9 +123,9 @@ def test_credentials_in_an_endpoint_url_are_refused_and_never_written(tmp_path, 
 ])
 def test_credentials_the_url_parser_misses_are_refused_and_never_echoed(tmp_path, monkeypatch, endpoint):
     url = f"s3://{BUCKET}/data/u16_docs"
-    one_line(mmfs("build", config(tmp_path, url, endpoint), timeout=60), "storage.endpoint_url: ", "holds credentials")
+    one_line(mmfs("build", config(tmp_path, url, endpoint)), "storage.endpoint_url: ", "holds credentials")
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    one_line(mmfs("info", url, timeout=60), "AWS_ENDPOINT_URL: ", "holds credentials")
+    one_line(mmfs("info", url), "AWS_ENDPOINT_URL: ", "holds credentials")
 
 
 @pytest.mark.parametrize("endpoint", ["http://[", "http://[::1", "http://%zz", "http://h\u00f6st:9000",
@@ -133,12 +133,12 @@ def test_credentials_the_url_parser_misses_are_refused_and_never_echoed(tmp_path
                                       "http://[zz::1]:80", "http://a..b"])
 def test_a_malformed_endpoint_is_one_line(tmp_path, proxy, monkeypatch, endpoint):
     url = f"s3://{BUCKET}/data/u16_docs"
-    line = one_line(mmfs("build", config(tmp_path, url, endpoint), timeout=60), "storage.endpoint_url: ")
+    line = one_line(mmfs("build", config(tmp_path, url, endpoint)), "storage.endpoint_url: ")
     assert len(line) < 400, line  # the 10,000-character host is not echoed whole
     for variable, command in (("AWS_ENDPOINT_URL", "info"), ("AWS_ENDPOINT_URL_S3", "build")):
         monkeypatch.setenv(variable, endpoint)
         argv = [url] if command == "info" else [config(tmp_path, url, None)]
-        assert len(one_line(mmfs(command, *argv, timeout=60), f"{variable}: ")) < 400
+        assert len(one_line(mmfs(command, *argv), f"{variable}: ")) < 400
         monkeypatch.delenv(variable)
 
 
@@ -155,7 +155,7 @@ def test_a_storage_librarys_message_has_its_secrets_masked(tmp_path, proxy, monk
     monkeypatch.setenv("MSC_CONFIG", str(msc))
     url = f"msc://{BUCKET}/data/u16_docs"
     for command in commands(tmp_path, config(tmp_path, url, proxy.url), url):
-        line = one_line(mmfs(*command, timeout=60), "multi-storage-client", absent=("mmfs-key-id",))
+        line = one_line(mmfs(*command), "multi-storage-client", absent=("mmfs-key-id",))
         assert "secret_key" in line and "***" in line, line
 
 
@@ -163,7 +163,7 @@ def test_a_missing_bucket_names_the_endpoint_asked(tmp_path, proxy, monkeypatch)
     url = "s3://no-such-bucket/data/u16_docs"
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     for command in commands(tmp_path, config(tmp_path, url, None), url):
-        one_line(mmfs(*command, timeout=60), f"no bucket no-such-bucket at {proxy.url}", absent=("AWS S3",))
+        one_line(mmfs(*command), f"no bucket no-such-bucket at {proxy.url}", absent=("AWS S3",))
 
 
 def test_expired_credentials_are_named_not_the_network(tmp_path, proxy, monkeypatch):
@@ -172,7 +172,7 @@ def test_expired_credentials_are_named_not_the_network(tmp_path, proxy, monkeypa
     proxy.expired = True
     url = f"s3://{BUCKET}/data/u16_docs"
     for command in commands(tmp_path, config(tmp_path, url, proxy.url), url):
-        one_line(mmfs(*command, timeout=60), "ExpiredToken", "credentials", "renew",
+        one_line(mmfs(*command), "ExpiredToken", "credentials", "renew",
                  absent=("network", "cannot reach", "an-expired-session-token"))
 
 
@@ -196,7 +196,7 @@ def test_a_cache_folder_that_cannot_be_written_is_named(tmp_path, proxy, problem
     try:
         url = f"s3://{BUCKET}/data/u16_docs"
         for command in commands(tmp_path, config(tmp_path, url, proxy.url), url)[:1]:
-            one_line(mmfs(*command, timeout=60), str(folder), words, "storage.cache_dir", absent=("no dataset",))
+            one_line(mmfs(*command), str(folder), words, "storage.cache_dir", absent=("no dataset",))
     finally:
         if problem == "read-only":
             subprocess.run(["umount", str(folder)], check=True)

@@ -19,7 +19,7 @@ pytest.importorskip("moto")
 from s3_server import CREDENTIALS, FaultProxy  # noqa: E402
 from test_s3 import BUCKET, GOLDEN, local_mount, proxy, remote, server, write_configs  # noqa: E402, F401
 
-from mount_fixtures import mmfs, mounted  # noqa: E402
+from mount_fixtures import HANG_GUARD, mmfs, mounted  # noqa: E402
 
 
 def samples(mount) -> Path:
@@ -147,10 +147,10 @@ def rotated(tmp_path, monkeypatch):
     return lambda token: credentials_file(path, token)
 
 
-def wait_for(condition, what: str, guard: float = 60.0) -> None:
+def wait_for(condition, what: str, guard: float = HANG_GUARD) -> None:
     deadline = time.monotonic() + guard  # a hang guard, not a speed check
     while not condition():
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, f"{what}: not after {guard:.0f} s (it hangs)"
         time.sleep(0.1)
 
 

@@ -171,13 +171,13 @@ def test_a_tokenizer_file_is_checked_before_it_is_read(tmp_path, kind):
     bad = _not_a_tokenizer(tmp_path, kind)
     config = _config(tmp_path, "p1_single_u16", {"data_parallel_size": 1, "micro_batch_size": 1,
                                                  "global_batch_size": 1})
-    proc = mmfs("which", config, "--iteration", 1, "--text", "--tokenizer", bad, timeout=60)
+    proc = mmfs("which", config, "--iteration", 1, "--text", "--tokenizer", bad)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert str(bad) in proc.stderr
     jsonl = tmp_path / "in.jsonl"
     jsonl.write_text('{"text": "a"}\n')
     proc = mmfs("preprocess", "--input", jsonl, "--output-prefix", tmp_path / "out", "--tokenizer-type",
-                "HuggingFaceTokenizer", "--tokenizer-model", bad, timeout=60)
+                "HuggingFaceTokenizer", "--tokenizer-model", bad)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert str(bad) in proc.stderr
 
@@ -226,6 +226,6 @@ def test_a_folder_whose_mmfs_json_is_not_a_mounts_is_one_line(tmp_path, manifest
     else:
         path.write_text(manifest)
     for command in (["which", folder, "--iteration", "1"], ["report", folder, "--json"]):
-        proc = mmfs(*command, timeout=30)
+        proc = mmfs(*command)
         assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
         assert "mmfs.json" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
