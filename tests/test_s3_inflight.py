@@ -101,11 +101,11 @@ def test_a_store_that_queues_gets_fewer_requests_and_more_again_once_it_answers_
 
 
 def wait_until(condition) -> None:
-    for _ in range(30_000):  # a hang guard: each turn waits a millisecond
+    for _ in range(300_000):  # a hang guard (300 s at least): each turn waits a millisecond
         if condition():
             return
         threading.Event().wait(0.001)
-    raise AssertionError("the awaited state never came")
+    raise AssertionError("the awaited state never came (it hangs)")
 
 
 def test_a_thread_holding_a_slot_takes_no_second_one_and_readers_go_before_the_prefetch():
@@ -125,7 +125,7 @@ def test_a_thread_holding_a_slot_takes_no_second_one_and_readers_go_before_the_p
         reader = threading.Thread(target=take, args=("reader", False))
         reader.start()
         wait_until(lambda: slots.waits == 2)
-    prefetch.join(30)
-    reader.join(30)
+    prefetch.join(300)  # hang guards
+    reader.join(300)
     assert order == ["reader", "prefetch"]
     assert slots.peak == 1
