@@ -282,8 +282,13 @@ class FaultProxy:
                     break
             h.close_connection = True
             return
-        if not stream:
+        if stream:  # (counted once passed on: only then is its length known)
+            self._count_answer(h, sent)
+        else:  # counted before the client can have it: a test that read it finds it counted
+            self._count_answer(h, len(data))
             h.wfile.write(data)
+
+    def _count_answer(self, h: BaseHTTPRequestHandler, sent: int) -> None:
         if h.command == "GET":
             with self._lock:
                 self.gets += 1

@@ -8,6 +8,7 @@ proxy; a deadline only ends a test whose read truly hangs (a hang guard)."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -19,8 +20,10 @@ import pytest
 pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
+from s3_server import FaultProxy  # noqa: E402
 from test_s3 import proxy, server, write_configs  # noqa: E402, F401 - the fixtures, shared
 
+from mmfs.mount.contract import XATTR_COUNTERS  # noqa: E402
 from mount_fixtures import mmfs, mounted  # noqa: E402
 
 FAST = {"prefetch": 0, "retries": 1, "request_timeout": 1}  # a short bound: 2 attempts of 1 s
@@ -74,6 +77,21 @@ def ranged_reads(seen: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]
     return [r for r in seen if r[0] == "GET" and r[2] and r[2] != PROBE]
 
 
+def attempts(mount) -> int:
+    """The attempts at ranges the daemon has made so far (its own count, user.mmfs.counters;
+    a probe is not one)."""
+    return sum(gate["attempts"] for gate in json.loads(os.getxattr(mount.path, XATTR_COUNTERS))["storage"])
+
+
+def arrived(mount, at: FaultProxy, since: int) -> list[tuple[str, str, str]]:
+    """The ranged GETs (less probes) proxy `at` saw since its `seen` was emptied, once it
+    has seen every attempt the daemon made since its count was `since` (an attempt a
+    deadline or an error answer ended may reach a busy proxy's thread after the read's EIO)."""
+    made = attempts(mount) - since
+    wait_until(lambda: len(ranged_reads(at.seen)) >= made, f"the daemon's {made} attempts reaching the proxy")
+    return ranged_reads(at.seen)
+
+
 def test_a_range_answered_with_other_bytes_of_its_length_is_eio_and_not_cached(tmp_path, proxy):  # noqa: F811 - the fixture
     local, s3 = write_configs("p1_single_u16", tmp_path, proxy.url, **FAST)
     with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
@@ -96,7 +114,7 @@ def test_a_store_that_never_answers_fails_each_read_by_the_bound_and_comes_back(
         cached = names[:3]
         for name in cached:
             assert (samples(b) / name).read_bytes() == (samples(a) / name).read_bytes()
-        proxy.seen = []
+        since, proxy.seen = attempts(b), []
         proxy.inject("hang", count=10_000)
         done = []
         hung = threading.Thread(target=lambda: done.append(read_errno(samples(b) / names[40])), daemon=True)
@@ -109,13 +127,14 @@ def test_a_store_that_never_answers_fails_each_read_by_the_bound_and_comes_back(
         assert done[0] == 5, done  # EIO
         [ended] = log_lines(b, BOUND)  # what ended it: the attempts' deadline (and their count: below)
         assert f"/train/samples/{names[40]}" in ended, ended
-        pieces = [r[2] for r in ranged_reads(proxy.seen)]  # each piece of it asked twice at most
+        pieces = [r[2] for r in arrived(b, proxy, since)]  # each piece of it asked twice at most
         assert pieces and all(pieces.count(r) <= 2 for r in pieces), proxy.seen
-        proxy.seen = []
+        since, proxy.seen = attempts(b), []
         for name in names[41:61]:  # the store is known down: each read fails at once, asking nothing
             assert read_errno_guarded(samples(b) / name) == 5
+        assert attempts(b) == since  # not one attempt (however long the reads took) ...
         asked, proxy.seen = list(proxy.seen), None
-        assert ranged_reads(asked) == [], asked  # only the probe asked the store (however long the reads took)
+        assert ranged_reads(asked) == [], asked  # ... so the proxy saw only the probe's
         assert "has not answered since" in b.log.read_text()
         proxy.release()
         wait_for_log(b, "the store answers again")
@@ -127,14 +146,14 @@ def test_a_body_trickled_a_byte_a_second_fails_by_the_bound_in_one_line(tmp_path
     local, s3 = write_configs("p1_single_u16", tmp_path, proxy.url, **FAST)
     with mounted(local, tmp_path / "local") as a, mounted(s3, tmp_path / "s3") as b:
         name = sorted(os.listdir(samples(a)))[20]
-        proxy.seen = []
+        since, proxy.seen = attempts(b), []
         proxy.inject("trickle", count=10_000)
         assert read_errno_guarded(samples(b) / name) == 5  # EIO, not the whole body a byte a second
-        asked, proxy.seen = list(proxy.seen), None
+        asked, proxy.seen = arrived(b, proxy, since), None
         errors = [line for line in b.log.read_text().splitlines() if " ERROR " in line or " WARNING " in line]
         assert len(errors) == 1 and BOUND in errors[0], errors  # one line, no library's: the bound it applied
         # each piece of the read asked at most twice (an attempt and one retry), however slow the machine
-        pieces = [r[2] for r in ranged_reads(asked)]
+        pieces = [r[2] for r in asked]
         assert pieces and all(pieces.count(r) <= 2 for r in pieces), asked
         proxy.release()
         wait_for_log(b, "the store answers again")
@@ -157,11 +176,12 @@ def test_storms_cost_one_attempt_per_failure_and_no_wrong_byte(tmp_path, proxy, 
         assert proxy.ranged_gets - before == len(answered) + proxy.injected  # one more attempt a failure
         assert proxy.injected > 10
 
-        proxy.seen = []
+        since, proxy.seen = attempts(b), []
         proxy.inject(fault, count=10_000)  # every attempt fails: a read gives up after retries + 1
         documents = b.path / "datasets" / "u16_docs" / "documents"  # a document: one piece, one request
         assert read_errno(documents / sorted(os.listdir(documents))[-3]) == 5
-        asked, proxy.seen = ranged_reads(proxy.seen), None  # (the probe of the store now down: not counted)
+        assert attempts(b) - since == 3 + 1
+        asked, proxy.seen = arrived(b, proxy, since), None  # (the probe of the store now down: not counted)
         assert len(asked) == 3 + 1 and len(set(asked)) == 1, asked  # botocore's retries inside ours no more
         proxy.inject(None)
 
