@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 typedef struct {
@@ -227,6 +228,20 @@ static int32_t copy_one(const char *path, const int64_t *identity, int32_t head_
         (identity[2] >= 0 && (int64_t)st.st_ino != identity[2])) {
         rc = MMFS_E_CHANGED;
         goto done;
+    }
+    if (offset > 0 && offset <= head_size) {
+        /* Header and data in one read (most files): the head is the file's first bytes as before. */
+        struct iovec parts[2] = {{head, (size_t)offset}, {to, (size_t)length}};
+        ssize_t k;
+        do {
+            k = preadv(fd, parts, 2, 0);
+        } while (k < 0 && errno == EINTR);
+        if (k == offset + length) {
+            int64_t more = head_size - offset < length ? head_size - offset : length;
+            memcpy(head + offset, to, (size_t)more);
+            rc = (int32_t)(offset + more);
+            goto done;
+        }
     }
     int64_t got_head = read_fully(fd, head, head_size, 0);
     int64_t got_data = read_fully(fd, to, length, offset);
