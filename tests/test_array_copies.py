@@ -88,3 +88,69 @@ def test_a_header_that_is_not_what_the_record_says_is_caught(tmp_path):
     with pytest.raises(HeaderFileLied, match="its header says <i8 \\[10\\]"):
         placed([lie])
     assert not record.exists()
+
+
+def long_headed(tmp_path, name: str, array: np.ndarray, header: int) -> CachedArray:
+    """A .npy file whose header is padded to `header` bytes (numpy reads it as any other)."""
+    text = f"{{'descr': {array.dtype.str!r}, 'fortran_order': False, 'shape': {array.shape!r}, }}"
+    text += " " * (header - 10 - len(text) - 1) + "\n"
+    path = tmp_path / f"{name}.npy"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + (header - 10).to_bytes(2, "little") + text.encode() + array.tobytes())
+    assert np.array_equal(np.load(path), array)
+    a = read_npy_header(str(path))
+    assert a.offset == header
+    return a
+
+
+@pytest.mark.parametrize("header", [128, 512, 1024, 2048])
+def test_headers_of_any_length_are_checked_and_their_data_copied(tmp_path, header):
+    """A header that ends within the first bytes read (header and data in one read),
+    at their end, or beyond (the header read on its own)."""
+    record = tmp_path / "record.json"
+    record.write_text("{}")
+    original = np.arange(300, dtype=np.int64) * 7
+    a = long_headed(tmp_path, "a", original, header)
+    known = CachedArray(a.path, a.dtype, a.shape, a.offset, file=a.file, known_from=str(record))
+    _, (c,) = placed([known])
+    assert np.array_equal(values(c, np.int64), original)
+    lie = CachedArray(a.path, np.dtype("<i4"), (600,), a.offset, file=a.file, known_from=str(record))
+    with pytest.raises(HeaderFileLied, match="<i8 \\[300\\]|header"):
+        placed([lie])
+    assert not record.exists()
+
+
+def test_a_tiny_array_is_copied_and_checked_in_one_read(tmp_path):
+    """Data shorter than the bytes read first for the header: the head is the
+    whole file."""
+    record = tmp_path / "record.json"
+    record.write_text("{}")
+    a = saved(tmp_path, "a", np.array([5], dtype=np.int16), known_from=str(record))
+    _, (c,) = placed([a])
+    assert values(c, np.int16).tolist() == [5]
+    lie = CachedArray(a.path, np.dtype("<u2"), (1,), a.offset, file=a.file, known_from=str(record))
+    with pytest.raises(HeaderFileLied, match="its header says <i2 \\[1\\]"):
+        placed([lie])
+
+
+def test_arrays_in_memory_placed_among_file_arrays(tmp_path):
+    """Arrays with no file (in memory) placed before and between file-backed ones: each
+    struct points at its own bytes, copied, or read with pread from its own file."""
+    originals = [np.arange(n, dtype=np.int64) + n for n in (3, 50, 7, 400)]
+    files = [saved(tmp_path, f"a{k}", a) for k, a in enumerate(originals)]
+    memory = [np.arange(5, dtype=np.int32) * 2, np.arange(9, dtype=np.int16)]
+    placer = ArrayPlacer(8 * 40)  # the two smallest files copied, the others read with pread
+    order = [memory[0], files[0], memory[1], files[1], files[2], files[3]]
+    expected = [memory[0], originals[0], memory[1], originals[1], originals[2], originals[3]]
+    structs = [ffi.new("mmfs_array *") for _ in order]
+    for c, a in zip(structs, order):
+        placer.place(c, a)
+    placer.finish()
+    placer.load()
+    assert [c.data == ffi.NULL for c in structs] == [False, False, False, True, False, True]
+    for c, a, e in zip(structs, order, expected):
+        if c.data == ffi.NULL:
+            assert c.file > 0 and c.offset == a.offset and c.count == e.size
+        else:
+            assert np.array_equal(np.frombuffer(ffi.buffer(c.data, c.count * e.dtype.itemsize), dtype=e.dtype), e)
+    assert placer.pread_bytes == originals[1].nbytes + originals[3].nbytes
+    placer.close()

@@ -207,40 +207,45 @@ class ArrayPlacer:
 
     def finish(self) -> None:
         """Apply the map limit (once every array is placed)."""
-        # Each file region once (the same bytes may be placed twice), smallest first.
+        # Each file region once (the same bytes may be placed twice).
+        placed = self._placed
         by_region: dict[tuple[str, int], list[Any]] = {}
-        files = []
-        for i, (c, a, region) in enumerate(self._placed):
+        firsts: list[int] = []  # the placing of each region's first struct
+        for i, (c, _, region) in enumerate(placed):
             if region:
                 structs = by_region.get(region)
                 if structs is None:
                     by_region[region] = [c]
-                    files.append((a.nbytes, i))
+                    firsts.append(i)
                 else:
                     structs.append(c)
-        files.sort()
         self._by_region = by_region
-        unchecked: list[tuple[int, CachedArray]] = []  # known from a header file or record
+        nbytes = np.array([placed[i][1].nbytes for i in firsts], dtype=np.int64)
+        if self.map_limit is None:
+            self.mapped_bytes += int(nbytes.sum())
+            return
+        # Smallest first (ties in placing order): the shortest that fit in the limit
+        # together stay (mapped or copied), in bulk rather than array by array.
+        order = np.argsort(nbytes, kind="stable")
+        kept = int(np.searchsorted(np.cumsum(nbytes[order]), self.map_limit - self.mapped_bytes, side="right"))
+        self.mapped_bytes += int(nbytes[order[:kept]].sum())
+        self.pread_bytes += int(nbytes[order[kept:]].sum())
         copied: list[tuple[tuple[str, int], CachedArray]] = []
-        for nbytes, i in files:
-            _, array, region = self._placed[i]
-            if self.map_limit is None:
-                self.mapped_bytes += nbytes
-                continue
-            if self.mapped_bytes + nbytes <= self.map_limit:
-                self.mapped_bytes += nbytes
-                if isinstance(array, CachedArray):
-                    copied.append((region, array))
-                else:
-                    self._within.append((region, array))  # mapped until load() copies it
-                continue
-            self.pread_bytes += nbytes
+        for i in order[:kept].tolist():
+            _, array, region = placed[firsts[i]]
+            if isinstance(array, CachedArray):
+                copied.append((region, array))
+            else:
+                self._within.append((region, array))  # mapped until load() copies it
+        unchecked: list[tuple[int, CachedArray]] = []  # known from a header file or record
+        for i in order[kept:].tolist():
+            _, array, region = placed[firsts[i]]
             path, offset = region
             file = self._file(path, array)
             if isinstance(array, CachedArray) and array.known_from is not None:
                 unchecked.append((file, array))
-            for c2 in by_region[region]:
-                c2.data, c2.file, c2.offset = ffi.NULL, file, offset
+            for c in by_region[region]:
+                c.data, c.file, c.offset = ffi.NULL, file, offset
         self._copy(copied)
         _check_heads(unchecked)
 
