@@ -80,6 +80,21 @@ def test_attributes(tree: Tree):
     assert tree.stat(f"/datasets/{tree.corpus.datasets[0].name}/sequences/0000000.bin").mtime_ns == newest
 
 
+
+def test_dataset_mtimes_are_those_its_files_were_opened_with(tmp_path):
+    """The tree takes a dataset's mtime from the identity its .idx and .bin were
+    opened (and checked) with, not from a stat of its own: a file touched since the
+    open changes nothing it shows (its reads fail, as for any changed file)."""
+    import os
+
+    corpus = open_corpus(str(write_case_config(case_names()[0], tmp_path)), progress=False)
+    ds = corpus.datasets[0].dataset
+    opened = max(os.stat(ds.idx_path).st_mtime_ns, os.stat(ds.bin_path).st_mtime_ns)
+    os.utime(ds.bin_path, ns=(opened + 10**9, opened + 10**9))
+    tree = Tree(corpus)
+    assert tree.stat(f"/datasets/{corpus.datasets[0].name}/sequences/0000000.bin").mtime_ns == opened
+
+
 BAD = [
     "/train/samples/12.bin",
     "/train/samples/99999999999.bin",

@@ -99,9 +99,23 @@ def mode_of(node: Node) -> int:
     return DIR_MODE if isinstance(node, Dir) else LINK_MODE if isinstance(node, Link) else FILE_MODE
 
 
-def _mtime_ns(paths: list[str]) -> int:
+def _mtime_ns(entry: Any) -> int:
+    """The newest modification time of a dataset's files: as its local sources were
+    opened (a cached re-open took them from its record, checked), a stat only for a
+    file no source knows."""
+    ds = entry.dataset
+    known = {}
+    for spec in getattr(ds, "arrays", {}).values():
+        identity = getattr(spec.source, "file_identity", None)
+        if identity is not None:
+            known[spec.source.path] = identity[1]
     times = []
-    for p in paths:
+    for p in _dataset_files(entry):
+        if p in known:
+            times.append(known[p])
+            continue
+        if p == getattr(ds, "path_prefix", None) and ds.idx_path in known and ds.bin_path in known:
+            continue  # a Megatron prefix: the name of its .idx and .bin, no file of its own
         try:
             times.append(os.stat(p).st_mtime_ns)
         except (OSError, TypeError):
@@ -144,7 +158,7 @@ class Tree:
 
     def __init__(self, corpus: Any) -> None:
         self.corpus = corpus
-        ds_mtimes = {e.name: _mtime_ns(_dataset_files(e)) for e in corpus.datasets}
+        ds_mtimes = {e.name: _mtime_ns(e) for e in corpus.datasets}
         self.mtime_ns = t = max(ds_mtimes.values(), default=0)
         self.registry = Registry(declare_views(corpus, ds_mtimes, t))
         self.info = manifest(corpus)
