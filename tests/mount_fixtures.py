@@ -124,6 +124,19 @@ def mounted(config: str | os.PathLike, mountpoint: str | os.PathLike, *extra: st
         stop_mount(mount)
 
 
+def samples(mount: Mount) -> Path:
+    return mount.path / "train" / "samples"
+
+
+def read_errno(path: Path) -> int:
+    """The errno of reading the file, 0 if it read."""
+    try:
+        path.read_bytes()
+        return 0
+    except OSError as exc:
+        return exc.errno or -1
+
+
 def stat_errno(path: str | os.PathLike) -> int:
     """The errno os.stat raises for `path`, 0 if it succeeds."""
     try:

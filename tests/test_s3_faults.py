@@ -24,7 +24,7 @@ from s3_server import FaultProxy  # noqa: E402
 from test_s3 import proxy, server, write_configs  # noqa: E402, F401 - the fixtures, shared
 
 from mmfs.mount.contract import XATTR_COUNTERS  # noqa: E402
-from mount_fixtures import mmfs, mounted  # noqa: E402
+from mount_fixtures import mmfs, mounted, read_errno, samples  # noqa: E402
 
 FAST = {"prefetch": 0, "retries": 1, "request_timeout": 1}  # a short bound: 2 attempts of 1 s
 # how a read under FAST that the store never completes ends: each attempt's deadline (the line of the
@@ -32,19 +32,6 @@ FAST = {"prefetch": 0, "retries": 1, "request_timeout": 1}  # a short bound: 2 a
 BOUND = "no complete answer within 1 s"
 PROBE = "bytes=0-0"  # the Range of the probe of a store known down (a read asks for a sample's tokens: more)
 HANG_GUARD = 300.0  # seconds: only a read (or a wait) that truly hangs takes this long, whatever the load
-
-
-def samples(mount) -> Path:
-    return mount.path / "train" / "samples"
-
-
-def read_errno(path: Path) -> int:
-    """The errno of reading the file, 0 if it read."""
-    try:
-        path.read_bytes()
-        return 0
-    except OSError as exc:
-        return exc.errno or -1
 
 
 def read_errno_guarded(path: Path) -> int:

@@ -19,21 +19,7 @@ pytest.importorskip("moto")
 from s3_server import CREDENTIALS, FaultProxy  # noqa: E402
 from test_s3 import BUCKET, GOLDEN, local_mount, proxy, remote, server, write_configs  # noqa: E402, F401
 
-from mount_fixtures import HANG_GUARD, mmfs, mounted  # noqa: E402
-
-
-def samples(mount) -> Path:
-    return mount.path / "train" / "samples"
-
-
-def read_errno(path: Path) -> int:
-    """The errno of reading the file, 0 if it read."""
-    try:
-        path.read_bytes()
-        return 0
-    except OSError as exc:
-        return exc.errno or -1
-
+from mount_fixtures import HANG_GUARD, mmfs, mounted, read_errno, samples  # noqa: E402
 
 # -- redirects ---------------------------------------------------------------------
 
