@@ -5,6 +5,7 @@ budget, megatron-core's own S3 reader, and the ceiling of a plain client.
     PYTHONPATH=. python benchmarks/object_storage_node.py [--data DIR] [--gib 2.1]
         [--budget 536870912] [--delays 0.02,0.1] [-n 25] [--n-alone 50] [--megatron-n 10]
         [--chunk 65536] [--rounds 2] [--skip s3fs,rclone,megatron] [-o MOUNT_OPTIONS] [--workers 1]
+        [--max-requests N]
 
 The bucket (localbucket on 127.0.0.1 behind a proxy of its own, which adds the delay
 seconds to every request and counts requests, bytes and the GETs in flight) holds a
@@ -268,13 +269,15 @@ def reading(read: dict, ranks: int, counts: tuple[int, int]) -> dict:
 
 
 def run_mmfs(work: Path, proxy: LeanProxy, env: dict, ranks: int, n: int, budget: int, options: str = "",
-             workers: int = 1) -> dict:
-    """A fresh mount (empty range cache of `budget` bytes, `-o options`); ranks 0..ranks-1
-    read at once, `workers` threads a rank."""
+             workers: int = 1, max_requests: int | None = None) -> dict:
+    """A fresh mount (empty range cache of `budget` bytes, `-o options`, the storage's
+    `max_requests` when given); ranks 0..ranks-1 read at once, `workers` threads a rank."""
     work.mkdir(parents=True)
-    config = write_config(work / "s3.yaml", f"s3://{BUCKET}/{KEY}", work / "indices",
-                          {"endpoint_url": proxy.url, "cache_dir": str(work / "storage"), "cache_limit": budget,
-                           "prefetch": min(64 << 20, budget // 2)})  # the default, or all a small budget allows
+    storage = {"endpoint_url": proxy.url, "cache_dir": str(work / "storage"), "cache_limit": budget,
+               "prefetch": min(64 << 20, budget // 2)}  # the default, or all a small budget allows
+    if max_requests is not None:
+        storage["max_requests"] = max_requests
+    config = write_config(work / "s3.yaml", f"s3://{BUCKET}/{KEY}", work / "indices", storage)
     mnt = work / "mnt"
     with mmfs_mount(config, mnt, env, options=options) as (pid, _, mounted):
         proxy.ranges = []
@@ -525,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("-o", dest="options", default="", help="mmfs's mount options (as for mmfs mount -o)")
     parser.add_argument("--workers", type=int, default=1, help="reader threads a rank (a DataLoader's workers)")
+    parser.add_argument("--max-requests", type=int, help="mmfs's storage.max_requests (default: mmfs's own)")
     parser.add_argument("--max-seconds", type=float, default=60,
                         help="s3fs's and rclone's ranks start no file after this (s3fs re-downloads under a budget)")
     parser.add_argument("--skip", default="", help="comma-separated: s3fs, rclone, megatron")
@@ -583,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
                 for delay in delays:
                     work = Path(tmp) / f"round-{i}-{ms(delay).replace(' ', '')}"
                     proxy.delay = delay
-                    mount = {"options": args.options, "workers": args.workers}
+                    mount = {"options": args.options, "workers": args.workers, "max_requests": args.max_requests}
                     keep(f"mmfs, rank 0 alone, {ms(delay)}",
                          run_mmfs(work / "mmfs-1", proxy, env, 1, args.n_alone, args.budget, **mount))
                     m8 = run_mmfs(work / "mmfs-8", proxy, env, DP, args.n, args.budget, **mount)

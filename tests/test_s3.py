@@ -352,6 +352,7 @@ def test_a_missing_msc_object_or_profile_is_one_line(tmp_path, proxy, msc_profil
     ({"cache_limit": 1000}, "storage.cache_limit", "below the least"),
     ({"endpoint_url": "localhost:9000"}, "storage.endpoint_url", "expected a URL"),
     ({"max_requests": 0}, "storage.max_requests", "at least 1"),
+    ({"max_requests": 1025}, "storage.max_requests", "at most 1024"),
     ({"prefetch": "900MB", "cache_limit": "1GB"}, "storage.prefetch", "more than half"),
     ({"colour": "blue"}, "storage.colour", "unknown key"),
     ({"anonymous": "yes"}, "storage.anonymous", "true or false"),

@@ -70,7 +70,7 @@ def parse_storage(value: Any, checker, base_dir: str) -> StorageSettings:
         out["prefetch"] = parse_size(value["prefetch"], "storage.prefetch", checker)
     if value.get("max_requests") is not None:
         out["max_requests"] = checker.integer(value["max_requests"], "storage.max_requests",
-                                              minimum=1, maximum=256)
+                                              minimum=1, maximum=1024)
     if value.get("request_timeout") is not None:
         timeout = checker.number(value["request_timeout"], "storage.request_timeout")
         if not 0 < timeout <= 3600:

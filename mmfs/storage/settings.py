@@ -74,7 +74,7 @@ class StorageSettings:
     # range (a 4 GiB cache of 8 KiB pieces: some 100 MB)
     cache_limit: int = 4 << 30
     prefetch: int = 64 << 20  # bytes fetched ahead of the reader
-    max_requests: int = 128  # in flight at once, at most (inflight.py sizes the limit under it)
+    max_requests: int = 256  # in flight at once, at most (inflight.py sizes the limit under it)
     request_timeout: float = 30.0  # seconds, per request
     retries: int = 5  # per request, with backoff and jitter
 
