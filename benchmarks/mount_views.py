@@ -1,6 +1,6 @@
 """How the mount's views read: long samples, documents and sequences.
 
-    python benchmarks/mount_views.py [--dir DIR] [-n N] [-o OPTIONS]
+    python benchmarks/mount_views.py [--dir DIR] [-n N] [-o OPTIONS] [--parts 1,2,3,4]
 
 Writes two datasets into DIR (default: a temporary folder) with
 mmfs.formats.writer, mounts each config as `mmfs mount` does, and prints:
@@ -261,15 +261,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", help="data folder (default: a temporary one, removed afterwards)")
     ap.add_argument("-n", type=int, default=300, help="long samples per pass (x10 for documents)")
     ap.add_argument("-o", dest="options", default="", help="mount options (as for mmfs mount)")
+    ap.add_argument("--parts", default="1,2,3,4", help="which of the four parts to run (comma-separated)")
     args = ap.parse_args(argv)
+    parts = {int(p) for p in args.parts.split(",")}
     single_threaded_libraries()
     folder = args.dir or tempfile.mkdtemp(prefix="mmfs-views-")
     try:
         long_config, flat_config = make_data(folder)
-        long_samples(long_config, args.n, args.options)
-        preads_per_piece(long_config, 6)
-        documents_and_sequences(flat_config, 10 * args.n, args.options)
-        sample_files(flat_config, 10 * args.n, args.options)
+        if 1 in parts:
+            long_samples(long_config, args.n, args.options)
+        if 2 in parts:
+            preads_per_piece(long_config, 6)
+        if 3 in parts:
+            documents_and_sequences(flat_config, 10 * args.n, args.options)
+        if 4 in parts:
+            sample_files(flat_config, 10 * args.n, args.options)
     finally:
         if not args.dir:
             shutil.rmtree(folder, ignore_errors=True)
