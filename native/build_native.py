@@ -24,10 +24,10 @@ def write_if_changed(path: Path, text: str) -> None:
 
 
 write_if_changed(HERE / "mmfs_contract.h", CONTRACT["c_header"]())
-HEADERS = ("mmfs_native.h", "mmfs_files.h", "mmfs_views.h", "mmfs_fuse.h", "mmfs_randperm.h")
+HEADERS = ("mmfs_native.h", "mmfs_files.h", "mmfs_views.h", "mmfs_fuse.h", "mmfs_randperm.h", "mmfs_placing.h")
 HEADER = "\n".join((HERE / name).read_text() for name in HEADERS)
 SOURCES = ("mmfs_index.c", "mmfs_readers.c", "mmfs_files.c", "mmfs_views.c", "mmfs_fuse.c", "mmfs_latency.c",
-           "mmfs_randperm.c", "mmfs_pickle.c")
+           "mmfs_randperm.c", "mmfs_pickle.c", "mmfs_placing.c")
 
 
 def cdef_line(line: str) -> str:

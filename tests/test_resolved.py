@@ -203,6 +203,21 @@ def test_a_reopen_makes_each_array_of_the_record_only_when_asked_for(blend):
         {n: [s.read(i) for i in range(len(s))] for n, s in full.splits.items()}
 
 
+@pytest.mark.parametrize("map_limit_mb", [0, 64])  # read with pread; placed as the daemon does
+def test_readers_under_a_map_limit_make_no_array_of_the_record(blend, map_limit_mb):
+    """A mount places the record's arrays from its facts (megatron/placement.py): no
+    object each, checked against their files all the same, the same samples."""
+    config = blend
+    again = open_corpus(config, progress=False, map_limit_mb=map_limit_mb)
+    served = {n: [s.read(i) for i in range(len(s))] for n, s in again.splits.items()}
+    for split in again.indices.values():
+        assert all(g._arrays.held() == [] for g in split.gpts)
+        assert split.blend is None or split.blend._arrays.held() == []
+    resolved.forget(config)
+    full = open_corpus(config, progress=False)
+    assert served == {n: [s.read(i) for i in range(len(s))] for n, s in full.splits.items()}
+
+
 def test_open_corpus_can_freeze_what_it_made(blend):
     """mmfs build and mount keep the corpus to their end: what it made is frozen
     (gc.freeze) before the collector runs again, never walked by it."""

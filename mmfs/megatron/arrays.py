@@ -19,8 +19,8 @@ were made from whenever it is opened again.
 from __future__ import annotations
 
 import itertools
+import math
 import mmap
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,7 +30,8 @@ import numpy as np
 
 from mmfs.errors import FormatError, MmfsError
 from mmfs.formats.dtypes import native_code
-from mmfs.megatron.cache.npyfile import HEAD, CachedArray
+from mmfs.megatron.cache.npyfile import CachedArray, FileId
+from mmfs.megatron.placement import FileArrays
 from mmfs.native import ffi, lib, note_fetch_failure
 from mmfs.storage import localfiles
 from mmfs.storage.file import FileSource
@@ -128,15 +129,13 @@ class ArrayPlacer:
     switches the largest file-backed arrays to pread until the others fit in
     `map_limit` bytes (None: everything stays mapped), and copies those of the
     others still in their cache files; `load()` replaces the maps of the rest by
-    copies in memory."""
+    copies in memory. Under a limit, an array still in its file is placed as a
+    row of facts (placement.py: `place_file`, `place_source`), no object each."""
 
     def __init__(self, map_limit: int | None = None) -> None:
         self.map_limit = map_limit
-        self._placed: list[tuple[Any, np.ndarray, tuple[str, int] | None]] = []
-        self._files: dict[str, int] = {}  # path -> its id in the open-files table
-        self._within: list[tuple[tuple[str, int], np.ndarray]] = []  # kept within the limit
-        self._by_region: dict[tuple[str, int], list[Any]] = {}  # structs placed on each file region
-        self._copies: list[np.ndarray] = []  # what load() made
+        self._rows = FileArrays()  # file-backed arrays under a limit
+        self._mapped: dict[tuple[str, int], int] = {}  # without a limit: each file region mapped, its bytes
         self._handles: dict[int, tuple[Any, int]] = {}  # id(source) -> (ctx handle, file)
         self.mapped_bytes = 0  # file-backed, mapped (or copied by load())
         self.pread_bytes = 0   # file-backed, read with pread
@@ -155,6 +154,23 @@ class ArrayPlacer:
             return raw.view(dtype)
         return FetchedArray(source, offset, dtype, count)
 
+    def place_source(self, c: Any, source: Any, offset: int, dtype: np.dtype, count: int) -> Any:
+        """place(c, source_array(...)), without an object for a local file's region."""
+        if isinstance(source, FileSource) and self.map_limit is not None and dtype.isnative and count:
+            self._rows.add(c, source.path, offset, dtype, (count,), count, source.file_identity)
+            return None
+        return self.place(c, self.source_array(source, offset, dtype, count))
+
+    def place_file(self, c: Any, path: str, offset: int, dtype: np.dtype, shape: tuple[int, ...],
+                   identity: FileId | None = None, known_from: str | None = None) -> Any:
+        """place(c, CachedArray(...)) for an array still in its file (a cache file's, as
+        a record gives it), without the object when it is placed under a limit."""
+        count = shape[0] if len(shape) == 1 else math.prod(shape)
+        if self.map_limit is not None and dtype.isnative and count:
+            self._rows.add(c, path, offset, dtype, shape, count, identity, known_from)
+            return None
+        return self.place(c, CachedArray(path, dtype, shape, offset, file=identity, known_from=known_from))
+
     def _place_fetched(self, c: Any, array: FetchedArray) -> FetchedArray:
         handle, file = self._handles.get(id(array.source), (None, 0))
         if handle is None:
@@ -172,8 +188,8 @@ class ArrayPlacer:
         the array the struct points into (the caller keeps it alive).
 
         An array still in its cache file (a CachedArray, not mapped) stays unmapped
-        under a map limit: finish() decides whether load() copies it or the C
-        core preads it. Without a limit it is mapped here."""
+        under a map limit: finish() decides whether it is copied or the C core
+        preads it. Without a limit it is mapped here."""
         if isinstance(array, FetchedArray):
             return self._place_fetched(c, array)
         c.file = 0
@@ -182,8 +198,9 @@ class ArrayPlacer:
             if self.map_limit is not None and array.dtype.isnative and array.size:
                 c.dtype = native_code(array.dtype)
                 c.count = array.size
-                c.data = ffi.NULL  # until load(), or for pread
-                self._placed.append((c, array, (array.path, array.offset)))
+                c.data = ffi.NULL  # until finish(), or load()
+                self._rows.add(c, array.path, array.offset, array.dtype, array.shape, array.size,
+                               array.file, array.known_from)
                 return array
             array = array.map()
         array = native_array(array)
@@ -193,102 +210,21 @@ class ArrayPlacer:
         region = file_region(array)
         if region is None:
             self.memory_bytes += array.nbytes
-        self._placed.append((c, array, region))
+        elif self.map_limit is None:
+            self._mapped.setdefault(region, array.nbytes)
+        else:
+            self._rows.add(c, region[0], region[1], array.dtype, array.shape, array.size,
+                           mapped=array.ctypes.data)
         return array
-
-    def _file(self, path: str, array: Any) -> int:
-        """The open-files id of `path` (registered on first use, with the identity
-        the array was made from when it is known)."""
-        file = self._files.get(path)
-        if file is None:
-            identity = array.file if isinstance(array, CachedArray) else None
-            file = self._files[path] = localfiles.register(path, identity)
-        return file
 
     def finish(self) -> None:
         """Apply the map limit (once every array is placed)."""
-        # Each file region once (the same bytes may be placed twice).
-        placed = self._placed
-        by_region: dict[tuple[str, int], list[Any]] = {}
-        firsts: list[int] = []  # the placing of each region's first struct
-        for i, (c, _, region) in enumerate(placed):
-            if region:
-                structs = by_region.get(region)
-                if structs is None:
-                    by_region[region] = [c]
-                    firsts.append(i)
-                else:
-                    structs.append(c)
-        self._by_region = by_region
-        nbytes = np.array([placed[i][1].nbytes for i in firsts], dtype=np.int64)
         if self.map_limit is None:
-            self.mapped_bytes += int(nbytes.sum())
+            self.mapped_bytes += sum(self._mapped.values())
             return
-        # Smallest first (ties in placing order): the shortest that fit in the limit
-        # together stay (mapped or copied), in bulk rather than array by array.
-        order = np.argsort(nbytes, kind="stable")
-        kept = int(np.searchsorted(np.cumsum(nbytes[order]), self.map_limit - self.mapped_bytes, side="right"))
-        self.mapped_bytes += int(nbytes[order[:kept]].sum())
-        self.pread_bytes += int(nbytes[order[kept:]].sum())
-        copied: list[tuple[tuple[str, int], CachedArray]] = []
-        for i in order[:kept].tolist():
-            _, array, region = placed[firsts[i]]
-            if isinstance(array, CachedArray):
-                copied.append((region, array))
-            else:
-                self._within.append((region, array))  # mapped until load() copies it
-        unchecked: list[tuple[int, CachedArray]] = []  # known from a header file or record
-        for i in order[kept:].tolist():
-            _, array, region = placed[firsts[i]]
-            path, offset = region
-            file = self._file(path, array)
-            if isinstance(array, CachedArray) and array.known_from is not None:
-                unchecked.append((file, array))
-            for c in by_region[region]:
-                c.data, c.file, c.offset = ffi.NULL, file, offset
-        self._copy(copied)
-        _check_heads(unchecked)
-
-    def _copy(self, arrays: list[tuple[tuple[str, int], CachedArray]]) -> None:
-        """Copy the unmapped arrays kept within the limit into one block of memory, each
-        file read once, in one C call (tens of thousands of small index files), and
-        checked as it is read: the file the array was made from, and the header the
-        header file or record it is known from says (HeaderFileLied when not). A copy
-        never faults however its file changes later; a daemon forked after inherits it."""
-        if not arrays:
-            return
-        at = np.zeros(len(arrays) + 1, dtype=np.int64)
-        # each copy starts 64-byte aligned: any dtype may view it
-        np.cumsum([-(-a.nbytes // 64) * 64 for _, a in arrays], out=at[1:])
-        block = np.empty(int(at[-1]), dtype=np.uint8)
-        paths = b"".join(path.encode("utf-8", "surrogateescape") + b"\0" for (path, _), _ in arrays)
-        identity = np.array([a.file if a.file is not None else (-1, -1, -1) for _, a in arrays],
-                            dtype=np.int64).reshape(-1, 3)
-        offsets = np.array([offset for (_, offset), _ in arrays], dtype=np.int64)
-        lengths = np.array([a.nbytes for _, a in arrays], dtype=np.int64)
-        heads = np.empty((len(arrays), HEADS), dtype=np.uint8)
-        got = np.empty(len(arrays), dtype=np.int32)
-        lib.mmfs_files_copy(paths, len(arrays), ffi.from_buffer("int64_t[]", identity), HEADS,
-                            ffi.from_buffer("uint8_t[]", heads), ffi.from_buffer("int32_t[]", got),
-                            ffi.from_buffer("int64_t[]", offsets), ffi.from_buffer("int64_t[]", lengths),
-                            ffi.from_buffer("uint8_t[]", block), ffi.from_buffer("int64_t[]", at))
-        raw, start = heads.tobytes(), block.ctypes.data
-        for k, (region, array) in enumerate(arrays):
-            n = int(got[k])
-            if n < 0:
-                why = "changed since it was read" if n == lib.MMFS_E_CHANGED else "cannot be read"
-                if array.known_from is not None:
-                    raise array.lied(f"{array.path}: {why}")
-                raise FormatError(f"{array.path}: {why}; run the command again")
-            if array.known_from is not None:
-                if n == HEADS and array.offset > HEADS:  # a long header: read on its own
-                    array.vouched()
-                else:
-                    array.check_head(raw[k * HEADS : k * HEADS + n])
-            address = ffi.cast("const uint8_t *", start + int(at[k]))
-            for c in self._by_region[region]:
-                c.data, c.file, c.offset = address, 0, 0
-        self._copies.append(block)
+        kept, pread = self._rows.finish(self.map_limit - self.mapped_bytes)
+        self.mapped_bytes += kept
+        self.pread_bytes += pread
 
     def load(self) -> None:
         """Replace the maps of the arrays kept within the limit (arrays already
@@ -296,64 +232,25 @@ class ArrayPlacer:
         finish()) by copies read from their files, in this process's memory. Call
         it in the process that serves reads (the daemon, after the fork): a copy
         never faults, however its file changes later."""
-        for region, array in self._within:
-            path, offset = region
-            copy = np.fromfile(path, dtype=array.dtype, count=array.size, offset=offset)
-            if copy.size != array.size:
+        for path, offset, dtype, count, structs in self._rows.within:
+            copy = np.fromfile(path, dtype=dtype, count=count, offset=offset)
+            if copy.size != count:
                 raise FormatError(f"{path}: shorter than when it was opened (it changed); "
                                   "run the command again")
             address = ffi.cast("const uint8_t *", copy.ctypes.data)
-            for c in self._by_region[region]:
-                c.data = address
-            self._copies.append(copy)
-        self._within = []
-        self._by_region = {}  # (what load needed; the structs point at the copies now)
+            for c in structs:
+                c.data, c.file, c.offset = address, 0, 0
+            self._rows.copies.append(copy)
+        self._rows.within = []
 
     def files(self) -> list[str]:
         """Every file an array placed here comes from."""
-        return sorted({region[0] for _, _, region in self._placed if region})
+        return sorted({*self._rows.paths, *(path for path, _ in self._mapped)})
 
     def close(self) -> None:
-        files, self._files = self._files, {}
-        for file in files.values():
+        files, self._rows.file_ids = self._rows.file_ids, []
+        for file in files:
             localfiles.forget(file)
 
     def __del__(self) -> None:
         self.close()
-
-
-def _why(exc: OSError) -> str:
-    return exc.strerror if exc.strerror and exc.filename else str(exc).split(": ", 1)[-1]
-
-
-HEADS = 512  # bytes read first of each file: a numpy header is 128 bytes, rarely more
-
-
-def _check_heads(arrays: list[tuple[int, CachedArray]]) -> None:
-    """Check each array's file against what the header file or record it is known
-    from says, reading the first bytes of all of them in one C call (thousands of
-    files); HeaderFileLied for the first that disagrees or cannot be read."""
-    if not arrays:
-        return
-    ids = np.array([file for file, _ in arrays], dtype=np.int64)
-    heads = np.empty((len(arrays), HEADS), dtype=np.uint8)
-    got = np.empty(len(arrays), dtype=np.int32)
-    lib.mmfs_files_heads(ffi.from_buffer("int64_t[]", ids), len(arrays), HEADS,
-                         ffi.from_buffer("uint8_t[]", heads), ffi.from_buffer("int32_t[]", got))
-    raw = heads.tobytes()
-    for k, (file, array) in enumerate(arrays):
-        n = int(got[k])
-        if n < 0 or (n == HEADS and array.offset > HEADS):  # not read, or a long header: file by file
-            array.check_head(_head(file, array))
-        else:
-            array.check_head(raw[k * HEADS : k * HEADS + n])
-
-
-def _head(file: int, array: CachedArray) -> bytes:
-    """The first page of a registered file, known from a header file or record; when
-    it is gone or changed, that header file or record lied (HeaderFileLied)."""
-    try:
-        with localfiles.descriptor(file) as fd:
-            return os.pread(fd, HEAD, 0)
-    except OSError as exc:
-        raise array.lied(f"{array.path}: {_why(exc)}") from None

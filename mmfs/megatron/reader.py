@@ -27,23 +27,30 @@ class TokenSource:
         c = ffi.new("mmfs_source *")
         c.dtype = native_code(dataset.dtype)
         self._keep = (
-            placer.place(c.bytes, self._array("tokens")),
-            placer.place(c.lengths, self._array("sequence_lengths")),
-            placer.place(c.pointers, self._array("sequence_pointers")),
+            self._place(c.bytes, "tokens"),
+            self._place(c.lengths, "sequence_lengths"),
+            self._place(c.pointers, "sequence_pointers"),
         )
         self.c = c
         # Its documents: sequence ranges, or (a .pbin) one sequence each.
         docs = ffi.new("mmfs_documents *")
         docs.source = c
         if "document_indices" in dataset.arrays:  # else every document is one sequence
-            self._bounds = placer.place(docs.bounds, self._array("document_indices"))
+            self._bounds = self._place(docs.bounds, "document_indices")
         self.documents_c = docs
 
-    def _array(self, name: str):
-        """A dataset's array as its source holds it: where it lies in a file, unmapped
-        (the placer maps, copies or preads it), in memory, or fetched on demand."""
+    def _place(self, c, name: str):
+        """A dataset's array placed as its source holds it: where it lies in a file,
+        unmapped (the placer maps, copies or preads it), in memory, or fetched on demand."""
         spec = self.dataset.arrays[name]
-        return self._placer.source_array(spec.source, spec.offset, spec.dtype, spec.count)
+        return self._placer.place_source(c, spec.source, spec.offset, spec.dtype, spec.count)
+
+
+def place_index(placer: ArrayPlacer, c, indices, name: str):
+    """An index array placed as its indices hold it; one a record gives (still in
+    its cache file, cache/resolved.py) is placed from the record's facts, no object."""
+    facts = indices.recorded(name)
+    return placer.place(c, indices.raw(name)) if facts is None else placer.place_file(c, *facts)
 
 
 _serials = itertools.count(1)  # one per mmfs_gpt struct: see its `serial`
@@ -61,9 +68,9 @@ class GptReader:
         c.extra = gpt.params.extra
         c.serial = next(_serials)
         self._keep = (
-            placer.place(c.doc_index, gpt.raw("document_index")),
-            placer.place(c.sample_index, gpt.raw("sample_index")),
-            placer.place(c.shuffle_index, gpt.raw("shuffle_index")),
+            place_index(placer, c.doc_index, gpt, "document_index"),
+            place_index(placer, c.sample_index, gpt, "sample_index"),
+            place_index(placer, c.shuffle_index, gpt, "shuffle_index"),
         )
         self.c = c
 
@@ -104,8 +111,8 @@ class SplitReader:
         blend = indices.blend
         self._keep = (gpts_c,) if blend is None else (
             gpts_c,
-            placer.place(c.dataset_index, blend.raw("dataset_index")),
-            placer.place(c.dataset_sample_index, blend.raw("dataset_sample_index")),
+            place_index(placer, c.dataset_index, blend, "dataset_index"),
+            place_index(placer, c.dataset_sample_index, blend, "dataset_sample_index"),
         )
         # A restart phase's dataset past its samples (phases/sampling.py): ids from self.length on.
         runs = beyond_runs(indices)

@@ -130,6 +130,14 @@ class RecordedArrays(MutableMapping):
     def __len__(self) -> int:
         return len(self._facts)
 
+    def facts(self, name: str) -> tuple | None:
+        """(path, offset, dtype, shape, file identity, this record) of an array not made
+        yet, without making it (the placer takes them as they are); None once made."""
+        if name in self._held or not isinstance(self._facts, dict):
+            return None
+        descr, shape, offset, saved = self._facts[name]
+        return self._cache.path(f"{name}.npy"), offset, _dtype(descr), tuple(shape), tuple(saved), self._record
+
     def shape_of(self, name: str) -> tuple[int, ...]:
         found = self._held.get(name)
         return tuple(found.shape) if found is not None else tuple(self._facts[name][1])

@@ -54,6 +54,11 @@ class _Arrays:
         """The array as held: in memory, or (not mapped yet) a CachedArray."""
         return self._arrays[name]
 
+    def recorded(self, name: str) -> tuple | None:
+        """(path, offset, dtype, shape, file identity, record) of an array a record
+        gives and nothing made yet (ArrayPlacer.place_file's arguments), else None."""
+        return self._arrays.facts(name) if isinstance(self._arrays, RecordedArrays) else None
+
     def bytes_in_memory(self) -> int:
         """Bytes of these arrays held in memory rather than in cache files (which
         are mapped on first use); O(1) per array, maps nothing."""
