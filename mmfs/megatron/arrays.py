@@ -245,7 +245,7 @@ class ArrayPlacer:
 
     def files(self) -> list[str]:
         """Every file an array placed here comes from."""
-        return sorted({*self._rows.paths, *(path for path, _ in self._mapped)})
+        return sorted({*self._rows.paths(), *(path for path, _ in self._mapped)})
 
     def close(self) -> None:
         files, self._rows.file_ids = self._rows.file_ids, []

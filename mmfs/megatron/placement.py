@@ -11,6 +11,7 @@ in Python, where the error names it (HeaderFileLied, FormatError)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any, NamedTuple
 
@@ -27,6 +28,9 @@ HEADS = 512  # bytes read first of each file: a numpy header is 128 bytes, rarel
 
 
 class _Row(NamedTuple):
+    """A row's facts, as add() takes them (a plain tuple each; this names them for the
+    few looked at one by one)."""
+
     struct: Any  # the mmfs_array it is described in
     path: str
     offset: int  # of its bytes in the file
@@ -48,28 +52,81 @@ class Mapped(NamedTuple):
     structs: list
 
 
-def _bytes(texts) -> bytes:
+def _bytes(texts: list[str]) -> bytes:
     """NUL-terminated strings one after another, as the C calls take them."""
-    return b"".join(t.encode("utf-8", "surrogateescape") + b"\0" for t in texts)
+    return ("\0".join(texts) + "\0").encode("utf-8", "surrogateescape") if texts else b""
+
+
+def _code(dtype: np.dtype) -> int:
+    """The C core's code of a dtype, or -1."""
+    try:
+        return native_code(dtype)
+    except KeyError:
+        return -1
 
 
 def _ptr(kind: str, array: np.ndarray):
     return ffi.from_buffer(f"{kind}[]", array)
 
 
+_NO_IDENTITY = (-1, -1, -1)  # checked at no open: taken when first opened
+
+
+def _identities(column) -> np.ndarray:
+    return np.fromiter(itertools.chain.from_iterable(i or _NO_IDENTITY for i in column), dtype=np.int64,
+                       count=3 * len(column)).reshape(-1, 3)
+
+
+class _Columns:
+    """The rows' facts as columns, taken at the first row of each file region."""
+
+    def __init__(self, rows: list[tuple]) -> None:
+        columns = list(zip(*rows))
+        self.structs = columns[0]
+        self.paths, self.offsets = columns[1], np.array(columns[2], dtype=np.int64)
+        self.dtypes, self.shapes = np.array(columns[3], dtype=object), columns[4]
+        self.counts = np.array(columns[5], dtype=np.int64)
+        self.identities, self.known = columns[6], np.array(columns[7], dtype=object)
+        self.mapped = np.array(columns[8], dtype=np.int64)
+        info = {d: (d.itemsize, _code(d)) for d in set(columns[3])}
+        facts = np.array([info[d] for d in columns[3]], dtype=np.int64).reshape(-1, 2)
+        self.itemsizes, self.codes = facts[:, 0], facts[:, 1].astype(np.int32)
+        # Each file region once (the same bytes may be placed twice): rows of one region share its first's.
+        keys = list(zip(self.paths, columns[2]))
+        if len(set(keys)) == len(keys):
+            self.region_of = np.arange(len(keys), dtype=np.int64)
+        else:
+            regions: dict[tuple[str, int], int] = {}
+            self.region_of = np.fromiter((regions.setdefault(key, len(regions)) for key in keys),
+                                         dtype=np.int64, count=len(keys))
+        self.first = np.unique(self.region_of, return_index=True)[1]
+
+    def row(self, i: int) -> _Row:
+        return _Row(self.structs[i], self.paths[i], int(self.offsets[i]), self.dtypes[i], self.shapes[i],
+                    int(self.counts[i]), self.identities[i], self.known[i], int(self.mapped[i]))
+
+    def take(self, column, rows: np.ndarray) -> list:
+        return [column[i] for i in rows.tolist()] if isinstance(column, tuple) else column[rows].tolist()
+
+
 class FileArrays:
     """Rows of file-backed arrays, placed then finished in bulk."""
 
     def __init__(self) -> None:
-        self._rows: list[_Row] = []
+        self._rows: list[tuple] = []
         self.file_ids: list[int] = []  # registered in the open-files table (the placer forgets them)
-        self.paths: list[str] = []  # every file an array comes from, once
+        self._paths: Any = ()  # the files of the arrays finished
         self.within: list[Mapped] = []  # mapped arrays kept: load() copies them
         self.copies: list[np.ndarray] = []  # the block of the copies made
 
     def add(self, c: Any, path: str, offset: int, dtype: np.dtype, shape: tuple[int, ...], count: int,
             identity: tuple[int, int, int] | None = None, known_from: str | None = None, mapped: int = 0) -> None:
-        self._rows.append(_Row(c, path, offset, dtype, shape, count, identity, known_from, mapped))
+        """Place an array (see _Row), as a row of facts."""
+        self._rows.append((c, path, offset, dtype, shape, count, identity, known_from, mapped))
+
+    def paths(self) -> set[str]:
+        """Every file an array placed here comes from."""
+        return {*self._paths, *(row[1] for row in self._rows)}
 
     def finish(self, room: int) -> tuple[int, int]:
         """Keep the smallest arrays (each file region once) that fit in `room` bytes
@@ -78,80 +135,72 @@ class FileArrays:
         rows, self._rows = self._rows, []
         if not rows:
             return 0, 0
-        structs, paths, offsets, dtypes, shapes, counts, identities, known, mapped = zip(*rows)
-        # Each file region once (the same bytes may be placed twice): its first row.
-        regions: dict[tuple[str, int], int] = {}
-        region_of = np.fromiter((regions.setdefault(key, len(regions)) for key in zip(paths, offsets)),
-                                dtype=np.int64, count=len(rows))
-        first = np.unique(region_of, return_index=True)[1]
-        counts_ = np.array(counts, dtype=np.int64)
-        itemsizes = np.array([d.itemsize for d in dtypes], dtype=np.int64)
-        nbytes = (counts_ * itemsizes)[first]
-        self.paths = sorted(set(paths))
+        t = _Columns(rows)
+        self._paths = t.paths
+        first, region_of = t.first, t.region_of
+        nbytes = (t.counts * t.itemsizes)[first]
         # Smallest first (ties in placing order): those that fit in the room together stay.
         order = np.argsort(nbytes, kind="stable")
         kept = int(np.searchsorted(np.cumsum(nbytes[order]), room, side="right"))
         kept_bytes, pread_bytes = int(nbytes[order[:kept]].sum()), int(nbytes[order[kept:]].sum())
-        is_mapped = np.array(mapped, dtype=np.int64)[first] != 0
+        is_mapped = t.mapped[first] != 0
         keep = np.zeros(len(first), dtype=bool)
         keep[order[:kept]] = True
 
-        address = np.array(mapped, dtype=np.int64)  # a mapped array points at its map until load()
+        address = t.mapped.copy()  # a mapped array points at its map until load()
         file = np.zeros(len(rows), dtype=np.int64)
         copied = np.flatnonzero(keep & ~is_mapped)  # regions
         if len(copied):
-            at = self._copy(rows, first[copied])
-            address_of_region = np.zeros(len(first), dtype=np.int64)
-            address_of_region[copied] = at
+            at = np.zeros(len(first), dtype=np.int64)
+            at[copied] = self._copy(t, first[copied])
             to_copy = np.flatnonzero(np.isin(region_of, copied))
-            address[to_copy] = address_of_region[region_of[to_copy]]
+            address[to_copy] = at[region_of[to_copy]]
         for r in np.flatnonzero(keep & is_mapped).tolist():
-            row = rows[first[r]]
+            row = t.row(first[r])
             self.within.append(Mapped(row.path, row.offset, row.dtype, row.count,
-                                      [rows[i].struct for i in np.flatnonzero(region_of == r).tolist()]))
+                                      t.take(t.structs, np.flatnonzero(region_of == r))))
         read = np.flatnonzero(~keep)  # regions read with pread
         if len(read):
             file_of_region = np.zeros(len(first), dtype=np.int64)
-            file_of_region[read] = self._register(rows, first[read])
+            file_of_region[read] = self._register(t, first[read])
             by_pread = np.flatnonzero(~keep[region_of])
             file[by_pread] = file_of_region[region_of[by_pread]]
             address[by_pread] = 0  # (a mapped array read with pread)
-            self._check_heads(rows, first[read], file_of_region[read])
-        pointers = [ffi.addressof(c) if ffi.typeof(c) is _STRUCT else c for c in structs]
-        lib.mmfs_arrays_fill(ffi.new("mmfs_array *[]", pointers), len(rows),
-                             _ptr("int64_t", address), _ptr("int64_t", file),
-                             _ptr("int64_t", np.array(offsets, dtype=np.int64)), _ptr("int64_t", counts_),
-                             _ptr("int32_t", np.array([native_code(d) for d in dtypes], dtype=np.int32)))
+            self._check_heads(t, first[read], file_of_region[read])
+        for i in np.flatnonzero(t.codes < 0)[:1].tolist():  # (its header said so too: checked above)
+            raise FormatError(f"{t.paths[i]}: {t.dtypes[i]} is no dtype the C core reads; run the command again")
+        pointers = [ffi.addressof(c) if ffi.typeof(c) is _STRUCT else c for c in t.structs]
+        lib.mmfs_arrays_fill(ffi.new("mmfs_array *[]", pointers), len(rows), _ptr("int64_t", address),
+                             _ptr("int64_t", file), _ptr("int64_t", t.offsets), _ptr("int64_t", t.counts),
+                             _ptr("int32_t", t.codes))
         return kept_bytes, pread_bytes
 
-    def _copy(self, rows: list[_Row], which: np.ndarray) -> np.ndarray:
+    def _copy(self, t: _Columns, which: np.ndarray) -> np.ndarray:
         """Copy the arrays of rows `which` into one block of memory, each file read once,
         in one C call (tens of thousands of small index files), and checked as it is
         read: the file the array was made from, and the header the header file or
         record it is known from says (HeaderFileLied when not). A copy never faults
         however its file changes later; a daemon forked after inherits it. Returns
         the address of each copy."""
-        chosen = [rows[i] for i in which.tolist()]
-        n = len(chosen)
-        lengths = np.array([r.count * r.dtype.itemsize for r in chosen], dtype=np.int64)
+        n = len(which)
+        lengths = t.counts[which] * t.itemsizes[which]
         at = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(-(-lengths // 64) * 64, out=at[1:])  # each copy starts 64-byte aligned: any dtype may view it
         block = np.empty(int(at[-1]), dtype=np.uint8)
-        identity = np.array([r.identity or (-1, -1, -1) for r in chosen], dtype=np.int64).reshape(-1, 3)
         heads = np.empty((n, HEADS), dtype=np.uint8)
         got = np.empty(n, dtype=np.int32)
-        lib.mmfs_files_copy(_bytes(r.path for r in chosen), n, _ptr("int64_t", identity), HEADS,
-                            _ptr("uint8_t", heads), _ptr("int32_t", got),
-                            _ptr("int64_t", np.array([r.offset for r in chosen], dtype=np.int64)),
+        identity = _identities(t.take(t.identities, which))
+        lib.mmfs_files_copy(_bytes(t.take(t.paths, which)), n, _ptr("int64_t", identity),
+                            HEADS, _ptr("uint8_t", heads), _ptr("int32_t", got), _ptr("int64_t", t.offsets[which]),
                             _ptr("int64_t", lengths), _ptr("uint8_t", block), _ptr("int64_t", at))
         for k in np.flatnonzero(got < 0).tolist():
             why = "changed since it was read" if got[k] == lib.MMFS_E_CHANGED else "cannot be read"
-            row = chosen[k]
+            row = t.row(which[k])
             if row.known_from is not None:
                 raise _array(row).lied(f"{row.path}: {why}")
             raise FormatError(f"{row.path}: {why}; run the command again")
-        for k in _unmatched(chosen, heads, got).tolist():
-            array, n_got = _array(chosen[k]), int(got[k])
+        for k in _unmatched(t, which, heads, got).tolist():
+            array, n_got = _array(t.row(which[k])), int(got[k])
             if n_got == HEADS and array.offset > HEADS:  # a long header: read on its own
                 array.vouched()
             else:
@@ -159,57 +208,60 @@ class FileArrays:
         self.copies.append(block)
         return block.ctypes.data + at[:-1]
 
-    def _register(self, rows: list[_Row], which: np.ndarray) -> np.ndarray:
+    def _register(self, t: _Columns, which: np.ndarray) -> np.ndarray:
         """The open-files ids of the files of rows `which` (each file registered once,
         with the identity of its first array's)."""
-        ids: dict[str, int] = {}
-        index = np.fromiter((ids.setdefault(rows[i].path, len(ids)) for i in which.tolist()),
-                            dtype=np.int64, count=len(which))
-        firsts = which[np.unique(index, return_index=True)[1]]
-        identity = np.array([rows[i].identity or (-1, -1, -1) for i in firsts.tolist()],
-                            dtype=np.int64).reshape(-1, 3)
-        files = np.empty(len(ids), dtype=np.int64)
-        lib.mmfs_files_add_many(_bytes(ids), len(ids), _ptr("int64_t", identity), _ptr("int64_t", files))
-        self.file_ids.extend(int(f) for f in files[files > 0])
+        paths = t.take(t.paths, which)
+        if len(set(paths)) == len(paths):
+            index, firsts = np.arange(len(paths)), which
+        else:
+            ids: dict[str, int] = {}
+            index = np.fromiter((ids.setdefault(p, len(ids)) for p in paths), dtype=np.int64, count=len(paths))
+            unique = np.unique(index, return_index=True)[1]
+            paths, firsts = [paths[i] for i in unique.tolist()], which[unique]
+        files = np.empty(len(paths), dtype=np.int64)
+        lib.mmfs_files_add_many(_bytes(paths), len(paths), _ptr("int64_t", _identities(t.take(t.identities, firsts))),
+                                _ptr("int64_t", files))
+        self.file_ids.extend(files[files > 0].tolist())
         if (files < 0).any():
             raise MemoryError("no memory for the open-files table")
         return files[index]
 
-    def _check_heads(self, rows: list[_Row], which: np.ndarray, files: np.ndarray) -> None:
+    def _check_heads(self, t: _Columns, which: np.ndarray, files: np.ndarray) -> None:
         """Check each array of rows `which` known from a header file or record against
         its file's own header, reading the first bytes of all of them in one C call
         (thousands of files); HeaderFileLied for the first that disagrees or cannot
         be read."""
-        unchecked = [k for k, i in enumerate(which.tolist()) if rows[i].known_from is not None]
-        if not unchecked:
+        checked = t.known[which] != None  # noqa: E711 (element-wise)
+        which, ids = which[checked], np.ascontiguousarray(files[checked])
+        if not len(which):
             return
-        chosen = [rows[i] for i in which[unchecked].tolist()]
-        ids = np.ascontiguousarray(files[unchecked])
-        heads = np.empty((len(chosen), HEADS), dtype=np.uint8)
-        got = np.empty(len(chosen), dtype=np.int32)
-        lib.mmfs_files_heads(_ptr("int64_t", ids), len(chosen), HEADS, _ptr("uint8_t", heads), _ptr("int32_t", got))
-        for k in _unmatched(chosen, heads, got).tolist():
-            array, n = _array(chosen[k]), int(got[k])
+        heads = np.empty((len(which), HEADS), dtype=np.uint8)
+        got = np.empty(len(which), dtype=np.int32)
+        lib.mmfs_files_heads(_ptr("int64_t", ids), len(which), HEADS, _ptr("uint8_t", heads), _ptr("int32_t", got))
+        for k in _unmatched(t, which, heads, got).tolist():
+            array, n = _array(t.row(which[k])), int(got[k])
             if n < 0 or (n == HEADS and array.offset > HEADS):  # not read, or a long header: file by file
                 array.check_head(_head(int(ids[k]), array))
             else:
                 array.check_head(heads[k, :n].tobytes())
 
 
-def _unmatched(rows: list[_Row], heads: np.ndarray, got: np.ndarray) -> np.ndarray:
-    """Which of rows, known from a header file or record, have a file whose head (as
-    read) is not the very header numpy writes for what that says (checked in C, in
-    one call); the caller parses those heads itself."""
-    check = np.array([r.known_from is not None for r in rows], dtype=bool)
+def _unmatched(t: _Columns, which: np.ndarray, heads: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Which of rows `which`, known from a header file or record, have a file whose head
+    (as read) is not the very header numpy writes for what that says (checked in C,
+    in one call); the caller parses those heads itself."""
+    check = t.known[which] != None  # noqa: E711 (element-wise)
     if not check.any():
         return np.zeros(0, dtype=np.int64)
-    ndim = np.array([len(r.shape) if 1 <= len(r.shape) <= 2 else -1 for r in rows], dtype=np.int32)
-    shapes = np.array([(r.shape + (0, 0))[:2] for r in rows], dtype=np.int64).reshape(-1, 2)
-    ok = np.zeros(len(rows), dtype=np.uint8)
-    lib.mmfs_npy_headers_match(_ptr("uint8_t", heads), _ptr("int32_t", got), HEADS, len(rows),
-                               _bytes(r.dtype.str for r in rows), _ptr("int32_t", ndim), _ptr("int64_t", shapes),
-                               _ptr("int64_t", np.array([r.offset for r in rows], dtype=np.int64)),
-                               _ptr("uint8_t", ok))
+    shapes = t.take(t.shapes, which)
+    ndim = np.fromiter((len(s) if 1 <= len(s) <= 2 else -1 for s in shapes), dtype=np.int32, count=len(shapes))
+    dims = np.fromiter(itertools.chain.from_iterable((s + (0, 0))[:2] for s in shapes), dtype=np.int64,
+                       count=2 * len(shapes))
+    ok = np.zeros(len(which), dtype=np.uint8)
+    lib.mmfs_npy_headers_match(_ptr("uint8_t", heads), _ptr("int32_t", got), HEADS, len(which),
+                               _bytes([d.str for d in t.dtypes[which].tolist()]), _ptr("int32_t", ndim),
+                               _ptr("int64_t", dims), _ptr("int64_t", t.offsets[which]), _ptr("uint8_t", ok))
     return np.flatnonzero(check & (ok == 0))
 
 
