@@ -252,15 +252,62 @@ done:
     return rc;
 }
 
+typedef struct {
+    const char *const *paths;
+    const int64_t *identity, *offsets, *lengths, *at;
+    int32_t head_size;
+    uint8_t *heads, *out;
+    int32_t *got;
+    int64_t begin, end;
+} copy_job;
+
+static void *copy_range(void *arg) {
+    const copy_job *j = arg;
+    for (int64_t i = j->begin; i < j->end; ++i)
+        j->got[i] = copy_one(j->paths[i], j->identity + 3 * i, j->head_size, j->heads + i * (int64_t)j->head_size,
+                             j->offsets[i], j->lengths[i], j->out + j->at[i]);
+    return NULL;
+}
+
+/* Files copied per thread at least: fewer are not worth a thread. */
+#define COPY_PER_THREAD 2048
+#define COPY_THREADS 4
+
 void mmfs_files_copy(const char *paths, int64_t n, const int64_t *identity, int32_t head_size,
                      uint8_t *heads, int32_t *got, const int64_t *offsets, const int64_t *lengths,
                      uint8_t *out, const int64_t *at) {
+    if (n <= 0) return;
+    const char **starts = malloc((size_t)n * sizeof *starts);
+    if (!starts) {
+        for (int64_t i = 0; i < n; ++i) got[i] = MMFS_E_NOMEM;
+        return;
+    }
     const char *path = paths;
     for (int64_t i = 0; i < n; ++i) {
-        got[i] = copy_one(path, identity + 3 * i, head_size, heads + i * (int64_t)head_size,
-                          offsets[i], lengths[i], out + at[i]);
+        starts[i] = path;
         path += strlen(path) + 1;
     }
+    /* Each file is opened, checked and read on its own (the kernel's time, mostly):
+     * tens of thousands of them are shared among a few threads, each a range. */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t threads = n / COPY_PER_THREAD;
+    if (threads > COPY_THREADS) threads = COPY_THREADS;
+    if (threads > cpus) threads = cpus;
+    if (threads < 1) threads = 1;
+    copy_job jobs[COPY_THREADS];
+    pthread_t ids[COPY_THREADS];
+    int started[COPY_THREADS] = {0};
+    for (int64_t t = 0; t < threads; ++t) {
+        jobs[t] = (copy_job){starts, identity, offsets, lengths, at, head_size, heads, out, got,
+                             n * t / threads, n * (t + 1) / threads};
+        started[t] = t > 0 && pthread_create(&ids[t], NULL, copy_range, &jobs[t]) == 0;
+    }
+    copy_range(&jobs[0]);
+    for (int64_t t = 1; t < threads; ++t) {
+        if (started[t]) pthread_join(ids[t], NULL);
+        else copy_range(&jobs[t]); /* no thread: done here */
+    }
+    free(starts);
 }
 
 int64_t mmfs_file_path(int64_t id, char *out, int64_t capacity) {

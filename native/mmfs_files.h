@@ -43,7 +43,8 @@ void mmfs_files_set_limit(int32_t max_open);
 void mmfs_files_heads(const int64_t *ids, int64_t n, int32_t size, uint8_t *out, int32_t *got);
 
 /* Copies of the arrays of many small files in one call, without the table: each
- * file is opened, checked to be the file given and closed, one at a time. File i
+ * file is opened, checked to be the file given and closed, one at a time (tens of
+ * thousands shared among up to four threads, each holding one descriptor). File i
  * is the i-th NUL-terminated path in `paths` (one after another); identity[3i..3i+2]
  * its size, mtime_ns and inode (-1: not checked). Its first head_size bytes go to
  * heads + i * head_size (for a header check), lengths[i] bytes from offsets[i] to
