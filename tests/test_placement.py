@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mmfs.errors import FormatError
 from mmfs.megatron.arrays import ArrayPlacer
 from mmfs.megatron.cache.npyfile import HeaderFileLied, npy_header, read_npy_header
 from mmfs.megatron.placement import HEADS
@@ -137,3 +138,24 @@ def test_a_header_the_c_check_does_not_make_is_parsed_not_refused(tmp_path, how)
     placer.finish()
     assert np.frombuffer(ffi.buffer(c.data, 48), dtype=np.int16).tolist() == list(range(24))
     assert record.exists()
+
+
+def test_thousands_of_files_copied_each_its_own_and_a_changed_one_named(tmp_path):
+    """Enough files for the C copy to share them among threads (where there are CPUs):
+    every struct gets its own file's bytes; a file changed late in the list is the
+    one the error names."""
+    arrays = [saved(tmp_path, f"a{k}", np.array([k, 2 * k, 3 * k], dtype=np.int64)) for k in range(4100)]
+    placer = ArrayPlacer(1 << 30)
+    structs = [ffi.new("mmfs_array *") for _ in arrays]
+    for c, a in zip(structs, arrays):
+        placer.place_file(c, a.path, a.offset, a.dtype, a.shape, a.file)
+    placer.finish()
+    for k, c in enumerate(structs):
+        assert np.frombuffer(ffi.buffer(c.data, 24), dtype=np.int64).tolist() == [k, 2 * k, 3 * k]
+    changed = arrays[4000]
+    np.save(changed.path, np.array([9, 9, 9, 9], dtype=np.int64))
+    again = ArrayPlacer(1 << 30)
+    for a in arrays:
+        again.place_file(ffi.new("mmfs_array *"), a.path, a.offset, a.dtype, a.shape, a.file)
+    with pytest.raises(FormatError, match=f"{changed.path}: changed since it was read"):
+        again.finish()
