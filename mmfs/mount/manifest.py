@@ -159,13 +159,24 @@ def _split(name: str, s: Any) -> dict[str, Any]:
     return out
 
 
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    """np.dtype(dtype).name, found once per dtype (numpy makes it anew each time it is asked)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
+    return name
+
+
 def _dataset(e: Any) -> dict[str, Any]:
     ds = e.dataset
     return {
         "name": e.name,
         "path": e.path,
         "format": ds.format_name,
-        "dtype": np.dtype(ds.dtype).name,
+        "dtype": _dtype_name(ds.dtype),
         "sequences": int(ds.num_sequences),
         "documents": int(ds.num_documents),
         "tokens": int(ds.num_tokens),

@@ -169,8 +169,9 @@ class Tree:
         for view in self.registry.views:
             parent = self.root
             parts = view.path.strip("/").split("/")
+            path = ""
             for depth, part in enumerate(parts):
-                path = "/" + "/".join(parts[: depth + 1])
+                path = f"{path}/{part}"
                 node = self._dirs.get(path)
                 if node is None:
                     last = depth == len(parts) - 1
