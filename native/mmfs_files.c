@@ -187,22 +187,6 @@ void mmfs_file_release(int64_t id) {
     pthread_mutex_unlock(&lock);
 }
 
-void mmfs_files_heads(const int64_t *ids, int64_t n, int32_t size, uint8_t *out, int32_t *got) {
-    for (int64_t i = 0; i < n; ++i) {
-        int32_t fd = mmfs_file_acquire(ids[i]);
-        if (fd < 0) {
-            got[i] = fd;
-            continue;
-        }
-        ssize_t k;
-        do {
-            k = pread(fd, out + i * (int64_t)size, (size_t)size, 0);
-        } while (k < 0 && errno == EINTR);
-        got[i] = k < 0 ? MMFS_E_IO : (int32_t)k;
-        mmfs_file_release(ids[i]);
-    }
-}
-
 /* Read n bytes at pos into to, through short reads; bytes read, or -1. */
 static int64_t read_fully(int fd, uint8_t *to, int64_t n, int64_t pos) {
     int64_t done = 0;

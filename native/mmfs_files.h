@@ -37,19 +37,15 @@ int64_t mmfs_file_path(int64_t id, char *out, int64_t capacity);
  * moment while many threads read. */
 void mmfs_files_set_limit(int32_t max_open);
 
-/* The first `size` bytes of each of the files ids[0..n) into out + i * size (a
- * header check of thousands of index files in one call); got[i]: how many bytes were
- * read (fewer at a file's end), or a negative MMFS_E_* (see mmfs_file_acquire). */
-void mmfs_files_heads(const int64_t *ids, int64_t n, int32_t size, uint8_t *out, int32_t *got);
-
 /* Copies of the arrays of many small files in one call, without the table: each
  * file is opened, checked to be the file given and closed, one at a time (tens of
  * thousands shared among up to four threads, each holding one descriptor). File i
  * is the i-th NUL-terminated path in `paths` (one after another); identity[3i..3i+2]
  * its size, mtime_ns and inode (-1: not checked). Its first head_size bytes go to
  * heads + i * head_size (for a header check), lengths[i] bytes from offsets[i] to
- * out + at[i]. got[i]: bytes of head read, or MMFS_E_IO (it could not be opened or
- * read) or MMFS_E_CHANGED (not the file given, or shorter than its array). */
+ * out + at[i] (0 bytes: the heads alone, for a check). got[i]: bytes of head
+ * read, or MMFS_E_IO (it could not be opened or read) or MMFS_E_CHANGED (not the
+ * file given, or shorter than its array). */
 void mmfs_files_copy(const char *paths, int64_t n, const int64_t *identity, int32_t head_size,
                      uint8_t *heads, int32_t *got, const int64_t *offsets, const int64_t *lengths,
                      uint8_t *out, const int64_t *at);

@@ -187,12 +187,7 @@ class FileArrays:
         at = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(-(-lengths // 64) * 64, out=at[1:])  # each copy starts 64-byte aligned: any dtype may view it
         block = np.empty(int(at[-1]), dtype=np.uint8)
-        heads = np.empty((n, HEADS), dtype=np.uint8)
-        got = np.empty(n, dtype=np.int32)
-        identity = _identities(t.take(t.identities, which))
-        lib.mmfs_files_copy(_bytes(t.take(t.paths, which)), n, _ptr("int64_t", identity),
-                            HEADS, _ptr("uint8_t", heads), _ptr("int32_t", got), _ptr("int64_t", t.offsets[which]),
-                            _ptr("int64_t", lengths), _ptr("uint8_t", block), _ptr("int64_t", at))
+        heads, got = _read(t, which, lengths, block, at)
         for k in np.flatnonzero(got < 0).tolist():
             why = "changed since it was read" if got[k] == lib.MMFS_E_CHANGED else "cannot be read"
             row = t.row(which[k])
@@ -231,20 +226,33 @@ class FileArrays:
         """Check each array of rows `which` known from a header file or record against
         its file's own header, reading the first bytes of all of them in one C call
         (thousands of files); HeaderFileLied for the first that disagrees or cannot
-        be read."""
+        be read (asked again through the open-files table, for the reason)."""
         checked = t.known[which] != None  # noqa: E711 (element-wise)
         which, ids = which[checked], np.ascontiguousarray(files[checked])
         if not len(which):
             return
-        heads = np.empty((len(which), HEADS), dtype=np.uint8)
-        got = np.empty(len(which), dtype=np.int32)
-        lib.mmfs_files_heads(_ptr("int64_t", ids), len(which), HEADS, _ptr("uint8_t", heads), _ptr("int32_t", got))
+        # Each file opened, checked to be the file the facts were taken from and its head
+        # read as a copy of no bytes is (shared among threads, without the table's lock).
+        nothing = np.zeros(len(which) + 1, dtype=np.int64)
+        heads, got = _read(t, which, nothing[1:], np.zeros(1, dtype=np.uint8), nothing)
         for k in _unmatched(t, which, heads, got).tolist():
             array, n = _array(t.row(which[k])), int(got[k])
             if n < 0 or (n == HEADS and array.offset > HEADS):  # not read, or a long header: file by file
                 array.check_head(_head(int(ids[k]), array))
             else:
                 array.check_head(heads[k, :n].tobytes())
+
+
+def _read(t: _Columns, which: np.ndarray, lengths: np.ndarray, block: np.ndarray,
+          at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """mmfs_files_copy of rows `which`: lengths[k] bytes of each array to block + at[k];
+    returns the heads read (HEADS bytes each) and how many bytes of each, or the error."""
+    n = len(which)
+    heads, got = np.empty((n, HEADS), dtype=np.uint8), np.empty(n, dtype=np.int32)
+    lib.mmfs_files_copy(_bytes(t.take(t.paths, which)), n, _ptr("int64_t", _identities(t.take(t.identities, which))),
+                        HEADS, _ptr("uint8_t", heads), _ptr("int32_t", got), _ptr("int64_t", t.offsets[which]),
+                        _ptr("int64_t", lengths), _ptr("uint8_t", block), _ptr("int64_t", at))
+    return heads, got
 
 
 def _unmatched(t: _Columns, which: np.ndarray, heads: np.ndarray, got: np.ndarray) -> np.ndarray:
