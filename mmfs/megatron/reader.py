@@ -46,11 +46,18 @@ class TokenSource:
         return self._placer.place_source(c, spec.source, spec.offset, spec.dtype, spec.count)
 
 
-def place_index(placer: ArrayPlacer, c, indices, name: str):
-    """An index array placed as its indices hold it; one a record gives (still in
-    its cache file, cache/resolved.py) is placed from the record's facts, no object."""
-    facts = indices.recorded(name)
-    return placer.place(c, indices.raw(name)) if facts is None else placer.place_file(c, *facts)
+def place_indices(placer: ArrayPlacer, structs: tuple, indices, names: tuple[str, ...]) -> tuple:
+    """Index arrays placed as their indices hold them (the arrays the structs point
+    into, to keep); those a record gives (still in their cache files,
+    cache/resolved.py) are placed from the record's facts, no object each."""
+    facts = indices.recorded(names)
+    if facts is None:
+        return tuple(placer.place(c, indices.raw(name)) for c, name in zip(structs, names))
+    return tuple(placer.place_file(c, *fact) for c, fact in zip(structs, facts))
+
+
+GPT_NAMES = ("document_index", "sample_index", "shuffle_index")
+BLEND_NAMES = ("dataset_index", "dataset_sample_index")
 
 
 _serials = itertools.count(1)  # one per mmfs_gpt struct: see its `serial`
@@ -67,11 +74,7 @@ class GptReader:
         c.source = source.c
         c.extra = gpt.params.extra
         c.serial = next(_serials)
-        self._keep = (
-            place_index(placer, c.doc_index, gpt, "document_index"),
-            place_index(placer, c.sample_index, gpt, "sample_index"),
-            place_index(placer, c.shuffle_index, gpt, "shuffle_index"),
-        )
+        self._keep = place_indices(placer, (c.doc_index, c.sample_index, c.shuffle_index), gpt, GPT_NAMES)
         self.c = c
 
     def pieces(self, k: int) -> list[tuple[int, int, int]]:
@@ -110,10 +113,7 @@ class SplitReader:
         c.out_dtype = native_code(self.dtype)
         blend = indices.blend
         self._keep = (gpts_c,) if blend is None else (
-            gpts_c,
-            place_index(placer, c.dataset_index, blend, "dataset_index"),
-            place_index(placer, c.dataset_sample_index, blend, "dataset_sample_index"),
-        )
+            gpts_c, place_indices(placer, (c.dataset_index, c.dataset_sample_index), blend, BLEND_NAMES))
         # A restart phase's dataset past its samples (phases/sampling.py): ids from self.length on.
         runs = beyond_runs(indices)
         self.beyond = sum(count for _, count, _, _ in runs)

@@ -130,13 +130,18 @@ class RecordedArrays(MutableMapping):
     def __len__(self) -> int:
         return len(self._facts)
 
-    def facts(self, name: str) -> tuple | None:
-        """(path, offset, dtype, shape, file identity, this record) of an array not made
-        yet, without making it (the placer takes them as they are); None once made."""
-        if name in self._held or not isinstance(self._facts, dict):
+    def facts(self, names: tuple[str, ...]) -> list[tuple] | None:
+        """(path, offset, dtype, shape, file identity, this record) of each of the arrays
+        `names`, without making them (the placer takes them as they are); None once one
+        is made (it is held as the caller stored it)."""
+        if self._held or not isinstance(self._facts, dict):
             return None
-        descr, shape, offset, saved = self._facts[name]
-        return self._cache.path(f"{name}.npy"), offset, _dtype(descr), tuple(shape), tuple(saved), self._record
+        prefix, record, facts = self._cache.path(""), self._record, self._facts
+        out = []
+        for name in names:
+            descr, shape, offset, saved = facts[name]
+            out.append((f"{prefix}{name}.npy", offset, _dtype(descr), tuple(shape), tuple(saved), record))
+        return out
 
     def shape_of(self, name: str) -> tuple[int, ...]:
         found = self._held.get(name)

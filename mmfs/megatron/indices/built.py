@@ -54,15 +54,18 @@ class _Arrays:
         """The array as held: in memory, or (not mapped yet) a CachedArray."""
         return self._arrays[name]
 
-    def recorded(self, name: str) -> tuple | None:
-        """(path, offset, dtype, shape, file identity, record) of an array a record
-        gives and nothing made yet (ArrayPlacer.place_file's arguments), else None."""
-        return self._arrays.facts(name) if isinstance(self._arrays, RecordedArrays) else None
+    def recorded(self, names: tuple[str, ...]) -> list[tuple] | None:
+        """(path, offset, dtype, shape, file identity, record) of each of the arrays
+        `names` as a record gives them, none made yet (ArrayPlacer.place_file's
+        arguments); else None."""
+        return self._arrays.facts(names) if isinstance(self._arrays, RecordedArrays) else None
 
     def bytes_in_memory(self) -> int:
         """Bytes of these arrays held in memory rather than in cache files (which
         are mapped on first use); O(1) per array, maps nothing."""
         held = self._arrays.held() if isinstance(self._arrays, RecordedArrays) else self._arrays.values()
+        if not held:  # (a record's 20,000 indices, none made)
+            return 0
         return sum(int(a.nbytes) for a in held
                    if not isinstance(a, CachedArray) and file_region(a) is None)
 
