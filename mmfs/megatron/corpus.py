@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -17,8 +18,8 @@ from mmfs.errors import ConfigError, MmfsError
 from mmfs.formats import IndexedDataset, open_dataset
 from mmfs.megatron.arrays import ArrayPlacer
 from mmfs.megatron.build.builder import SplitIndices
-from mmfs.megatron.cache import resolved
-from mmfs.megatron.cache.npyfile import HeaderFileLied
+from mmfs.megatron.cache import derived, resolved
+from mmfs.megatron.cache.npyfile import FileId, HeaderFileLied
 from mmfs.megatron.phases.build import PhasedBuilder as Builder
 from mmfs.megatron.reader import SplitReader, TokenSource
 from mmfs.megatron.tokenized import ensure_tokenized
@@ -53,6 +54,7 @@ class Corpus:
         self._map_limit_mb = map_limit_mb
         self._by_file = by_file
         self.indices = splits
+        self.record: tuple[str, FileId] | None = None  # (path, identity) of the record it was opened from
 
     @property
     def remote(self) -> bool:
@@ -88,9 +90,24 @@ class Corpus:
         except HeaderFileLied as exc:
             log.warning("%s; loading the indices from their own files", exc.why)
             resolved.forget(self.config_path)
+            self.record = None
             self._placer.close()
             self.indices = Builder(self.config, self._by_file, trust_header_files=False).build()
             return self._readers()
+
+    def derived(self, name: str, key: str, make: Callable[[], bytes]) -> bytes:
+        """Bytes derived from this corpus alone (`make`): kept beside the record it was
+        opened from (cache/derived.py), taken from there while that record is the same
+        file and `key` the same. Its indices are checked first (the readers: a record
+        that lies is removed, then nothing derived from it is kept)."""
+        _ = self.splits
+        if self.record is None:
+            return make()
+        found = derived.read(*self.record, name, key)
+        if found is None:
+            found = make()
+            derived.write(*self.record, name, key, found)
+        return found
 
     @cached_property
     def phase_splits(self) -> list[dict[str, SplitReader]]:
@@ -201,8 +218,10 @@ def _open_corpus(config_path: str | Config, progress: bool, map_limit_mb: int | 
     try:
         # A Config given loaded (a mount's snapshot) may differ from its file on disk,
         # which is what the record is checked against: it is resolved the full way.
-        opened = None if isinstance(config_path, Config) else _from_record(config_path, jobs)
+        record = None if isinstance(config_path, Config) else resolved.read(config_path)
+        opened = None if record is None else _from_record(config_path, record, jobs)
         if opened is None:
+            record = None
             opened = _resolve(config_path, jobs)
             if not isinstance(config_path, Config):
                 resolved.write(*opened)
@@ -211,6 +230,8 @@ def _open_corpus(config_path: str | Config, progress: bool, map_limit_mb: int | 
     config, by_file, splits = opened
     entries = [DatasetEntry(spec.name, spec.path, by_file[spec.file]) for spec in config.all_datasets]
     corpus = Corpus(config, entries, by_file, splits, map_limit_mb)
+    if record is not None:
+        corpus.record = record.path, record.file
     if progress:
         log.info("indices ready in %.2f s: %s", time.perf_counter() - t0,
                  ", ".join(f"{n} {len(s)} samples" for n, s in corpus.indices.items() if len(s))
@@ -234,12 +255,10 @@ def _resolve(config_path: str | Config, jobs: int | None) -> tuple[Config, dict,
     return config, by_file, Builder(config, by_file, jobs).build()
 
 
-def _from_record(config_path: str, jobs: int | None) -> tuple[Config, dict, dict[str, SplitIndices]] | None:
-    """What _resolve gives, read from the record of this config when nothing it
-    depends on changed (cache/resolved.py); None when there is none or it fails."""
-    record = resolved.read(config_path)
-    if record is None:
-        return None
+def _from_record(config_path: str, record: resolved.Resolved,
+                 jobs: int | None) -> tuple[Config, dict, dict[str, SplitIndices]] | None:
+    """What _resolve gives, read from the record of this config (found unchanged,
+    with everything it depends on: cache/resolved.py); None when it fails."""
     try:
         config = load_config(config_path, known=record.config)
         by_file = {spec.file: IndexedDataset(spec.file, known=record.datasets[spec.file])

@@ -161,7 +161,6 @@ class Tree:
         ds_mtimes = {e.name: _mtime_ns(e) for e in corpus.datasets}
         self.mtime_ns = t = max(ds_mtimes.values(), default=0)
         self.registry = Registry(declare_views(corpus, ds_mtimes, t))
-        self.info = manifest(corpus)
 
         # The directories above the views, made from the views' paths.
         self.root = Dir(t)
@@ -185,7 +184,11 @@ class Tree:
             only = corpus.datasets[0].name
             for kind in (DOCUMENTS, SEQUENCES):
                 self.root.entries[kind] = Link(dataset_dir(only, kind).lstrip("/"), t)
-        self.root.entries[MANIFEST] = Blob(manifest_text(self.info).encode(), t)
+        # mmfs.json: megabytes of JSON at 10,000 datasets, derived from the corpus alone (and
+        # the config's path): kept beside the record a re-open reads, not made again.
+        self.root.entries[MANIFEST] = Blob(corpus.derived(
+            MANIFEST, f"{os.path.abspath(str(corpus.config_path))}",
+            lambda: manifest_text(manifest(corpus)).encode()), t)
         self.report = self.root.entries[REPORT] = ReportFile(corpus.config, t)
         self.streams = Streams(corpus, t)
         for folder in self.streams.folders:  # each split's, each restart phase's own valid and test

@@ -32,7 +32,7 @@ from importlib import metadata
 import numpy as np
 
 from mmfs.config.safe_yaml import MAX_CONFIG_BYTES
-from mmfs.megatron.cache.npyfile import CachedArray, file_id
+from mmfs.megatron.cache.npyfile import CachedArray, FileId, file_id
 from mmfs.megatron.cache.write import temp_name, unlink_quietly
 from mmfs.storage import scheme_of
 from mmfs.storage.settings import default_cache_dir
@@ -79,6 +79,7 @@ class Resolved:
     # split -> ([[file, beg, end, num_samples, *index] per GPTDataset], [weights, size, *index] or None),
     # index: [hash, description FileId, {array: [descr, shape, offset, FileId]}]
     splits: dict[str, list]
+    file: FileId  # the record's own identity, as read (cache/derived.py keys what it derived by it)
 
     @property
     def config(self) -> tuple:
@@ -169,18 +170,19 @@ def _stat(path: str) -> os.stat_result | None:
         return None
 
 
-def _read_regular(path: str, limit: int) -> bytes | None:
-    """At most `limit` bytes of a regular file; None for anything else (a FIFO put in
-    its place must not block the open) or when it cannot be read."""
+def _read_regular(path: str, limit: int) -> tuple[bytes, FileId] | None:
+    """At most `limit` bytes of a regular file, and its identity; None for anything
+    else (a FIFO put in its place must not block the open) or when it cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except (OSError, ValueError):
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return None
         with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(limit)
+            return f.read(limit), file_id(st)
     except OSError:
         return None
     finally:
@@ -190,9 +192,10 @@ def _read_regular(path: str, limit: int) -> bytes | None:
 def read(config_path: str) -> Resolved | None:
     """The record of this config if everything it depends on is unchanged, else None."""
     path = record_path(config_path)
-    text, config_bytes = _read_regular(path, RECORD_LIMIT), _read_regular(config_path, MAX_CONFIG_BYTES + 1)
-    if text is None or config_bytes is None:
+    found, config_found = _read_regular(path, RECORD_LIMIT), _read_regular(config_path, MAX_CONFIG_BYTES + 1)
+    if found is None or config_found is None:
         return None
+    (text, record_file), (config_bytes, _) = found, config_found
     try:
         record = json.loads(text)
     except (ValueError, RecursionError):
@@ -211,7 +214,8 @@ def read(config_path: str) -> Resolved | None:
             if None in stats or [list(file_id(st)) for st in stats] != [idx, bin_]:
                 return None
             datasets[file] = (*stats, tuple(header))
-        return Resolved(path, record["config"]["yaml"], digest, record["names"], datasets, record["splits"])
+        return Resolved(path, record["config"]["yaml"], digest, record["names"], datasets, record["splits"],
+                        record_file)
     except (LookupError, TypeError, ValueError, AttributeError):
         return None
 
