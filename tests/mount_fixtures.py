@@ -59,6 +59,15 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def wait_for(condition, what: str, timeout: float = HANG_GUARD) -> None:
+    """Wait until `condition()` holds: the event itself, looked for every 20 ms; the
+    timeout only ends a test that has failed (it hangs), never a speed check."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not after {timeout:.0f} s (it hangs)"
+        time.sleep(0.02)
+
+
 def wait_gone(pid: int, timeout: float = HANG_GUARD) -> bool:
     """Whether process `pid` ended (False only after `timeout` seconds: it hangs)."""
     deadline = time.monotonic() + timeout

@@ -1,11 +1,9 @@
 """The daemon's PM QoS request: taken on a request, written as 0, dropped when idle."""
 
 import os
-import time
 
 from mmfs.mount.latency import LatencyGuard
-
-HANG_GUARD = 300.0  # seconds: only a releaser that truly hangs takes this long to look, whatever the load
+from mount_fixtures import wait_for
 
 
 def _open_fds_to(path) -> int:
@@ -22,10 +20,7 @@ def _open_fds_to(path) -> int:
 def _at(guard: LatencyGuard, seconds: float) -> None:
     """Set the guard's clock to `seconds` and wait until its releaser has looked at that time."""
     before = guard.set_clock(seconds)
-    deadline = time.monotonic() + HANG_GUARD
-    while guard.checks <= before:
-        assert time.monotonic() < deadline, f"the releaser never looked at the time in {HANG_GUARD:.0f} s (it hangs)"
-        time.sleep(0.01)
+    wait_for(lambda: guard.checks > before, "the releaser looking at the time")
 
 
 def test_guard_holds_while_touched_and_releases_when_idle(tmp_path):

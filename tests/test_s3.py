@@ -12,7 +12,6 @@ import json
 import os
 import re
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ pytest.importorskip("moto")
 from s3_server import CREDENTIALS, FaultProxy, MotoServer, use_test_credentials  # noqa: E402
 
 from golden_cases import GOLDEN, PUBLIC, case_config, case_names, load_case  # noqa: E402
-from mount_fixtures import HANG_GUARD, mmfs, mounted  # noqa: E402
+from mount_fixtures import HANG_GUARD, mmfs, mounted, wait_for  # noqa: E402
 
 BUCKET = "golden"
 DATA = sorted({p.with_suffix("").name for p in (GOLDEN / "data").glob("*.idx")})
@@ -508,14 +507,6 @@ def covered(pieces, ranges: dict[str, list[tuple[int, int]]]) -> bool:
         if lo < hi:
             return False
     return True
-
-
-def wait_for(condition, what: str, timeout: float = HANG_GUARD) -> None:
-    """Wait until `condition()` holds; the timeout only ends a test that has failed (it hangs)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not after {timeout:.0f} s (it hangs)"
-        time.sleep(0.02)
 
 
 def test_a_remote_mount_prefetches_the_next_files_in_order(tmp_path, recording, local_mount):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,14 +23,13 @@ from s3_server import FaultProxy  # noqa: E402
 from test_s3 import proxy, server, write_configs  # noqa: E402, F401 - the fixtures, shared
 
 from mmfs.mount.contract import XATTR_COUNTERS  # noqa: E402
-from mount_fixtures import mmfs, mounted, read_errno, samples  # noqa: E402
+from mount_fixtures import HANG_GUARD, mmfs, mounted, read_errno, samples, wait_for  # noqa: E402
 
 FAST = {"prefetch": 0, "retries": 1, "request_timeout": 1}  # a short bound: 2 attempts of 1 s
 # how a read under FAST that the store never completes ends: each attempt's deadline (the line of the
 # piece that used both attempts says "(2 attempts)", that of another piece "has not answered since")
 BOUND = "no complete answer within 1 s"
 PROBE = "bytes=0-0"  # the Range of the probe of a store known down (a read asks for a sample's tokens: more)
-HANG_GUARD = 300.0  # seconds: only a read (or a wait) that truly hangs takes this long, whatever the load
 
 
 def read_errno_guarded(path: Path) -> int:
@@ -44,15 +42,8 @@ def read_errno_guarded(path: Path) -> int:
     return done[0]
 
 
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + HANG_GUARD  # a hang guard, not a speed check
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: still not after {HANG_GUARD:.0f} s (it hangs)"
-        time.sleep(0.05)
-
-
 def wait_for_log(mount, text: str) -> None:
-    wait_until(lambda: text in mount.log.read_text(), f"the log line {text!r}")
+    wait_for(lambda: text in mount.log.read_text(), f"the log line {text!r}")
 
 
 def log_lines(mount, text: str) -> list[str]:
@@ -75,7 +66,7 @@ def arrived(mount, at: FaultProxy, since: int) -> list[tuple[str, str, str]]:
     has seen every attempt the daemon made since its count was `since` (an attempt a
     deadline or an error answer ended may reach a busy proxy's thread after the read's EIO)."""
     made = attempts(mount) - since
-    wait_until(lambda: len(ranged_reads(at.seen)) >= made, f"the daemon's {made} attempts reaching the proxy")
+    wait_for(lambda: len(ranged_reads(at.seen)) >= made, f"the daemon's {made} attempts reaching the proxy")
     return ranged_reads(at.seen)
 
 
@@ -106,7 +97,7 @@ def test_a_store_that_never_answers_fails_each_read_by_the_bound_and_comes_back(
         done = []
         hung = threading.Thread(target=lambda: done.append(read_errno(samples(b) / names[40])), daemon=True)
         hung.start()
-        wait_until(lambda: proxy.injected, "the hung read's request reaching the store")
+        wait_for(lambda: proxy.injected, "the hung read's request reaching the store")
         for name in cached:  # the daemon answers other reads while one waits for the store
             assert (samples(b) / name).read_bytes() == (samples(a) / name).read_bytes()
         hung.join(HANG_GUARD)
