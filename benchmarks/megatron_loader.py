@@ -61,7 +61,7 @@ def megatron_loader(corpus, split: str, rank: int, dp: int, mbs: int, workers: i
     import torch
     from megatron_modules import load_data_samplers
 
-    from mmfs.tools.megatron_baseline import megatron_dataset
+    from mmfs.tools.megatron.baseline import megatron_dataset
 
     ds = megatron_dataset(corpus, split, cache)
     for name, value in flags.items():

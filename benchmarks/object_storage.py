@@ -201,7 +201,7 @@ def run_megatron(config_path: Path, work: Path, chunk: int, n: int, first: np.nd
     from megatron_modules import load_data_samplers
 
     from mmfs.megatron import open_corpus
-    from mmfs.tools.megatron_baseline import megatron_dataset
+    from mmfs.tools.megatron.baseline import megatron_dataset
 
     gpt_dataset.ObjectStorageConfig = functools.partial(ObjectStorageConfig, bin_chunk_nbytes=chunk)
     corpus = open_corpus(str(config_path), progress=False)

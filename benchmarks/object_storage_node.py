@@ -398,7 +398,7 @@ def megatron_rank(args: argparse.Namespace) -> None:
     from megatron_modules import load_data_samplers
 
     from mmfs.megatron import open_corpus
-    from mmfs.tools.megatron_baseline import megatron_dataset
+    from mmfs.tools.megatron.baseline import megatron_dataset
 
     gpt_dataset.ObjectStorageConfig = functools.partial(ObjectStorageConfig, bin_chunk_nbytes=args.chunk)
     cache = Path(args.megatron_cache)

@@ -36,7 +36,7 @@ COMMANDS = {
     "which": "mmfs.tools.which:which_command",
     "resume-check": "mmfs.tools.resume_check:resume_check_command",
     "phases": "mmfs.tools.phases:phases_command",
-    "config": "mmfs.tools.megatron_phase_args:config_command",  # one launch, or one per phase
+    "config": "mmfs.tools.megatron.phase_args:config_command",  # one launch, or one per phase
     "preprocess": "mmfs.tools.preprocess.command:preprocess_command",
     "report": "mmfs.tools.report.command:report_command",
 }

@@ -16,7 +16,7 @@ import yaml
 from golden_cases import GOLDEN, expected_samples, load_case
 from mmfs.config.blend import MAX_ARGS_FILE
 from mmfs.config.schema import load_config
-from mmfs.tools.megatron_args import split_words
+from mmfs.tools.megatron.args import split_words
 from mount_fixtures import mmfs, mounted
 
 

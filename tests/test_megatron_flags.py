@@ -20,8 +20,8 @@ import yaml
 from golden_cases import GOLDEN
 from mmfs import cli
 from mmfs.config.schema import load_config
-from mmfs.tools.megatron_flags import HONOURED, NOTED, REFUSED, SILENT, WARNED, warned_line
-from mmfs.tools.megatron_phase_args import TRANSITIONS
+from mmfs.tools.megatron.flags import HONOURED, NOTED, REFUSED, SILENT, WARNED, warned_line
+from mmfs.tools.megatron.phase_args import TRANSITIONS
 
 HERE = Path(__file__).resolve().parent
 RECORDED = json.loads((HERE / "reference" / "megatron_data_flags.json").read_text())

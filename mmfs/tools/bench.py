@@ -66,7 +66,7 @@ from mmfs.tools.harness import (
     run_parallel,
     single_threaded_libraries,
 )
-from mmfs.tools.megatron_baseline import megatron_reader
+from mmfs.tools.megatron.baseline import megatron_reader
 
 log = logging.getLogger(__name__)
 

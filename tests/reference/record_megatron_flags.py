@@ -3,7 +3,7 @@ megatron_data_flags.json beside this file: the data group of arguments.py
 (_add_data_args), the SFT group, and the flags made from the TrainingConfig and
 ValidationConfig dataclasses (the training loop's batch sizes, lengths and
 evaluations), for each version given. tests/test_megatron_flags.py checks that
-mmfs/tools/megatron_flags.py says what it does with every one of them.
+mmfs/tools/megatron/flags.py says what it does with every one of them.
 
     python tests/reference/record_megatron_flags.py core_v0.19.0=LM_ROOT main@COMMIT=LM_ROOT_MAIN
 

@@ -4,7 +4,7 @@ against these tables).
 
 Every flag of Megatron-LM core_v0.19.0's arguments.py and of main's (with the
 dataclasses they are made from) that changes which samples a rank reads, or how
-they are packed, is here (--phase-transition-iterations: megatron_phase_args.py):
+they are packed, is here (--phase-transition-iterations: phase_args.py):
 read (HONOURED), refused in one line where the config could
 not be right (REFUSED: Megatron reads other samples than any view shows), or written
 with a comment and a warning where it can still be right but some views then do not

@@ -19,7 +19,7 @@ from typing import Any
 from mmfs.config.blend import MAX_ARGS_FILE
 from mmfs.storage import StorageError
 from mmfs.storage.file import read_text_file
-from mmfs.tools.megatron_args import MegatronArgsError, expand_args, print_warnings, render, to_config
+from mmfs.tools.megatron.args import MegatronArgsError, expand_args, print_warnings, render, to_config
 
 NEXT_PHASE = "--next-phase"
 TRANSITIONS = "--phase-transition-iterations"

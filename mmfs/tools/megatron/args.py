@@ -2,7 +2,7 @@
 pretrain_gpt.py takes them, megatron-core 0.19) turned into the YAML config that
 mounts the same samples.
 
-Only arguments that shape the samples are read (mmfs/tools/megatron_flags.py lists
+Only arguments that shape the samples are read (mmfs/tools/megatron/flags.py lists
 every data flag and what is done with it). Those that change how a loader builds its
 batch fields, or how Megatron loads, are named in a comment of the output; those
 after which no view would show what Megatron reads are one line and exit 2; those
@@ -31,7 +31,7 @@ from mmfs.errors import MmfsError
 from mmfs.storage import StorageError
 from mmfs.storage.file import read_text_file
 from mmfs.text.tokenizer import BYTE_LEVEL, TOKENIZER_TYPES, TokenizerSpec, eod_and_pad
-from mmfs.tools.megatron_flags import (
+from mmfs.tools.megatron.flags import (
     HONOURED,
     NOTED,
     REFUSED,
