@@ -24,8 +24,8 @@ class Mount:
         self.path = os.fspath(path)
         info_path = os.path.join(self.path, contract.MANIFEST)
         try:
-            with open(info_path, encoding="utf-8") as f:
-                self.info: dict[str, Any] = json.load(f)
+            with open(info_path, "rb", buffering=0) as f:  # unbuffered: no isatty, no ioctl to the daemon
+                self.info: dict[str, Any] = json.loads(f.read())
         except FileNotFoundError:
             raise LoaderError(f"{info_path}: not found; is {self.path} an mmfs mount?") from None
         except (OSError, ValueError) as exc:
