@@ -146,6 +146,11 @@ def floor_mount(binary: str, pack_path: str, folder: str, threads: bool):
         os.rmdir(mount)
 
 
+def paths_under(root: str, names: list[str]):
+    """ids -> the paths of those files under root."""
+    return lambda part: [os.path.join(root, names[i]) for i in part]
+
+
 def measure(config: str, options: str, binary: str, folder: str, n: int, readers: list[int]) -> None:
     threads = bool(parse_mount_options(options).threads)
     pack_path = os.path.join(folder, "floor.pack")
@@ -165,8 +170,7 @@ def measure(config: str, options: str, binary: str, folder: str, n: int, readers
             per = len(order) // len(readers)
             for k, r in enumerate(readers):
                 ids = order[k * per:(k + 1) * per][:n]
-                methods = [Method(name, (lambda root: lambda part: [os.path.join(root, names[i]) for i in part])(root),
-                                  lambda paths: read_files(paths, 1 << 20))
+                methods = [Method(name, paths_under(root, names), lambda paths: read_files(paths, 1 << 20))
                            for name, root in (("mmfs", mount), ("floor", floor), ("floor, other loop", other))]
                 before = cpu_seconds(pid), cpu_seconds(floor_pid)
                 rows = {row.method: row for row in interleaved(methods, "random", r, ids,

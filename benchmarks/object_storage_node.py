@@ -81,12 +81,13 @@ from mmfs.mount.contract import XATTR_COUNTERS
 
 FIXED_REQUESTS = 16  # mmfs's fixed number of requests in flight before issue 35; a ceiling uses as many threads
 
-# Targets of issue 26, as ratios in one run, and issue 35's samples/s for 8 ranks at each latency.
+# Targets of issue 26, as ratios in one run, issue 35's samples/s for 8 ranks at each latency, and
+# issue 43's share of a bare client fetching the same ranges with as many at once.
 TARGET_CPU_PER_GET_MS = 0.6
 TARGET_OVER_BEST_OTHER = 2.0
 TARGET_FETCHED_PER_SERVED = 1.2
 TARGET_RSS = 300e6
-TARGET_OVER_CEILING = 0.5
+TARGET_OVER_CEILING = 0.9
 TARGET_SAMPLES_PER_S = {0.02: 1000, 0.1: 500}
 
 
@@ -265,7 +266,8 @@ def reading(read: dict, ranks: int, counts: tuple[int, int]) -> dict:
     return {"ranks": ranks, "samples": samples, "seconds": read["seconds"],
             "samples_per_s": samples / read["seconds"], "first_done": min(read["finished"]),
             "last_done": max(read["finished"]), "gets": counts[0], "fetched_bytes": counts[1],
-            "served_bytes": read["served_bytes"], "fetched_per_served": counts[1] / read["served_bytes"]}
+            "served_bytes": read["served_bytes"], "fetched_per_served": counts[1] / read["served_bytes"],
+            "file_ms": read["file_ms"]}
 
 
 def run_mmfs(work: Path, proxy: LeanProxy, env: dict, ranks: int, n: int, budget: int, options: str = "",
@@ -461,7 +463,8 @@ def show(name: str, r: dict) -> None:
             f"{r['fetched_per_served']:,.2f}")
     if "in_flight_peak" in r:
         line += (f"; GETs in flight at the proxy: {r['in_flight_mean']:.1f} on average, {r['in_flight_peak']} at most "
-                 f"(the mount's limit {r['limit']}, cut {r['cuts']} times, latency {r['latency_ms']} ms; "
+                 f"(the mount's limit {r['limit']}, cut {r['cuts']} times, the store's latency as the mount "
+                 f"measured it {r['latency_ms']} ms, a file's read through the mount {r['file_ms']:.1f} ms; "
                  f"{r['reads_at_once']} READs in the daemon at most)")
     if "cpu_per_get_ms" in r:
         line += (f"; daemon CPU {r['cpu_s']:.1f} s: {r['cpu_per_1000_samples']:.2f} s per 1,000 samples, "

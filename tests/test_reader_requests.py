@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from test_megatron_provider import megatron_args
 
 from golden_cases import write_case_config
 from mmfs.adapters.megatron import mount_datasets_provider
@@ -26,7 +27,6 @@ from mmfs.loader import Mount
 from mmfs.mount.contract import XATTR_COUNTERS
 from mmfs.tools.harness import read_files
 from mount_fixtures import mount_in
-from test_megatron_provider import megatron_args
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 FILES = 24  # files each reader reads
