@@ -91,9 +91,10 @@ def test_a_missing_stream_or_sample_is_the_same_one_line(matrix):
     loader says the same line (but for the path)."""
     config, mount = matrix
     local = Mount(config)
-    for m in (mount, local):
-        with pytest.raises(LoaderError, match="no such stream"):
+    for m, why in ((mount, "the mount's log says why"), (local, "mbs=100000 is above the split's 240 samples")):
+        with pytest.raises(LoaderError, match="no such stream") as exc:
             m.stream_files("train", 0, 1, 100_000, 0)  # more samples to a micro-batch than the split has
+        assert why in str(exc.value)
         with pytest.raises(LoaderError, match=r"sample 100000 is outside \[0, "):
             m.sample("train", 100_000)
     with pytest.raises(FileNotFoundError):

@@ -267,7 +267,9 @@ class Mount:
                                  sampler, sharding, phase)
         try:
             names = sorted(n for n in self.files.listdir(folder) if n.endswith(contract.FILE_SUFFIX))
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if (exc.strerror or "").startswith("no such stream: "):  # in-process: the reason the daemon logs
+                raise LoaderError(f"{folder}: {exc.strerror}") from None
             raise LoaderError(f"{folder}: no such stream (a layout Megatron's sampler refuses at that "
                               "consumed_samples; the mount's log says why)") from None
         except OSError as exc:

@@ -24,6 +24,7 @@ import weakref
 from typing import Any
 
 from mmfs.errors import MmfsError, MountError
+from mmfs.mount.contract import STREAMS
 from mmfs.mount.lifecycle import open_tree
 from mmfs.mount.options import parse_mount_options
 from mmfs.mount.tree import Dir, Generated, Link, Tree
@@ -100,7 +101,7 @@ class InProcessFiles:
                 continue
             node = self._lookup(f"{at}/{part}", path)
             if node is None:
-                raise _error(errno.ENOENT, path)
+                raise _error(errno.ENOENT, path, self._refusal(at, part))
             if isinstance(node, Link):
                 links += 1
                 if links > MAX_LINKS:
@@ -109,6 +110,13 @@ class InProcessFiles:
                 continue
             at = f"{at}/{part}"
         return self._lookup(at or "/", path)
+
+    def _refusal(self, folder: str, name: str) -> str | None:
+        """Why a stream layout folder is not there (what the daemon logs): "no such
+        stream: ...", or None."""
+        parent, found, split = folder.rpartition(f"/{STREAMS}")
+        why = self.tree.streams.refusal(parent.lstrip("/"), name) if found and not split else None
+        return None if why is None else f"no such stream: {why}"
 
     def read(self, path: str) -> bytearray:
         node = self._node(path)
