@@ -295,7 +295,8 @@ def mount_datasets_provider(mount_path: str | os.PathLike, *, get_args: Callable
                             data_parallel: Callable[[], tuple[int, int]] | None = None,
                             to_tensor: Callable[[np.ndarray], Any] | None = None):
     """A train_valid_test_datasets_provider for pretrain() with --dataloader-type
-    external, reading the mount (or a plain folder copy of its files) at mount_path.
+    external, reading the mount (or a plain folder copy of its files) at mount_path, or
+    given a config file, its mount's files served in this process (mmfs.loader.Mount).
     get_args, data_parallel (-> (rank, size)) and to_tensor default to Megatron's
     and torch's; the tests pass their own."""
     get_args = get_args or _megatron_args
