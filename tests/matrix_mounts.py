@@ -5,6 +5,8 @@ storage kind, and a mounted cell's views read back as sample digests."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ from matrix_reference import CELLS, Cell, digest, file_digests
 from mmfs.formats.writer import IndexedDatasetWriter
 from mmfs.loader import Mount
 from mmfs.megatron.corpus import open_corpus
+from mmfs.mount import contract
 from mmfs.tools.which import which_in
 
 BUCKET = "matrix"
@@ -64,11 +67,13 @@ def write_config(name: str, storage: str, data: Path, folder: Path, endpoint: st
 
 
 class Run:
-    """A cell mounted from one storage kind: the mount, its config and corpus (in this process)."""
+    """A cell mounted from one storage kind: the mount, its config and corpus (in this process),
+    and the same config served in this process without FUSE (Mount(CONFIG))."""
 
     def __init__(self, cell: Cell, storage: str, config: Path, path: Path) -> None:
         self.cell, self.storage, self.config, self.path = cell, storage, config, path
         self.mount = Mount(path)
+        self.in_process = Mount(config)
         self.corpus = open_corpus(str(config), progress=False)
         self.tokens = self.mount.tokens_per_sample
 
@@ -107,3 +112,52 @@ class Run:
             return np.concatenate(parts)
 
         return [[[digest(tokens(s)) for s in mb["samples"]] for mb in r["microbatches"]] for r in answer["ranks"]]
+
+
+def loader_files(m: Mount, cell: Cell) -> Iterator[tuple[str, str | None]]:
+    """(path in the mount, the attribute the loader reads of it) of every file mmfs.loader
+    reads of a cell: mmfs.json; every sample of each split (its beyond ids too) and of each
+    restart phase's own valid and test; every micro-batch file of each rank; the streams
+    the cell's relaunches read (train at each recorded layout and consumed count, each
+    split and phase's own from 0 on both layouts)."""
+    yield contract.MANIFEST, None
+    phases = (m.phases or {}).get("phases", [])
+    owned = [(split, None) for split in m.samples]
+    owned += [(split, k) for k, p in enumerate(phases) for split in p.get(contract.KEY_SPLITS, {})
+              if contract.KEY_PATH in p[contract.KEY_SPLITS][split]]
+    for split, phase in owned:
+        entry = m.info[contract.KEY_SPLITS][split] if phase is None else phases[phase][contract.KEY_SPLITS][split]
+        beyond = int(entry.get(contract.KEY_BEYOND, {}).get(contract.KEY_BEYOND_SAMPLES, 0))
+        for i in range(m.split_samples(split, phase) + beyond):
+            yield os.path.relpath(m.sample_path(split, i, phase), m.path), contract.XATTR_PIECES
+        for rank in range(mc.DATA_PARALLEL_SIZE):
+            for j in range(m.microbatches_per_rank(split, phase)):
+                yield os.path.relpath(m.microbatch_path(split, rank, j, phase), m.path), contract.XATTR_SAMPLES
+    layouts = [(split, phase, dp, mbs, 0) for split, phase in owned
+               for dp, mbs in ((mc.DATA_PARALLEL_SIZE, mc.MICRO_BATCH_SIZE), mc.OTHER_LAYOUT)]
+    for key in cell.resumed():
+        layout = dict(part.split("=") for part in key.split(","))
+        layouts.append(("train", None, int(layout["dp"]), int(layout["mbs"]), int(layout["from"])))
+    for split, phase, dp, mbs, at in layouts:
+        for rank in range(dp):
+            for f in m.stream_files(split, rank, dp, mbs, at, phase=phase):
+                yield os.path.relpath(f, m.path), contract.XATTR_SAMPLES
+
+
+def differences(mount: Mount, other: Mount, cell: Cell) -> list[str]:
+    """Each file of loader_files (listed on `mount`) whose bytes, attribute or stream listing
+    `other` serves differently."""
+    found, listed = [], set()
+    for rel, name in loader_files(mount, cell):
+        a, b = os.path.join(mount.path, rel), os.path.join(other.path, rel)
+        if mount.files.read(a) != other.files.read(b):
+            found.append(f"{rel}: other bytes")
+        if name is not None and mount.attribute(a, name) != other.attribute(b, name):
+            found.append(f"{rel}: another {name}")
+        folder = os.path.dirname(rel)
+        if "/streams/" in f"/{folder}/" and folder not in listed:
+            listed.add(folder)
+            if sorted(mount.files.listdir(os.path.join(mount.path, folder))) != \
+                    sorted(other.files.listdir(os.path.join(other.path, folder))):
+                found.append(f"{folder}: another listing")
+    return found

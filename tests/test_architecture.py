@@ -22,8 +22,12 @@ LAYERS = [
     ("mmfs.cli", "mmfs.__main__"),
 ]
 # The loader runs in training processes: numpy, the standard library, the mount
-# contract (plus the error base class) and its own modules, nothing that needs the C core.
+# contract (plus the error base class) and its own modules, nothing that needs the C core
+# for a mount point. Given a config instead, it serves the mount's files in its own
+# process (issue 40 item 6): that one module, imported lazily, only then, brings the C
+# core (LAZY_FOR_A_CONFIG; test_the_loader_imports_the_c_core_only_for_a_config).
 LOADER_MAY_IMPORT = {"mmfs", "mmfs.errors", "mmfs.mount", "mmfs.mount.contract"}
+LAZY_FOR_A_CONFIG = {"mmfs.mount.inprocess"}
 LOADER = PACKAGE / "loader"
 
 
@@ -88,8 +92,34 @@ def test_the_loader_and_the_contract_need_neither_c_nor_the_rest_of_mmfs():
     own = {module_name(p) for p in LOADER.rglob("*.py")}
     assert "mmfs.loader" in own and len(own) > 1
     for module in own:
-        assert g[module] <= LOADER_MAY_IMPORT | own, module
+        assert g[module] <= LOADER_MAY_IMPORT | LAZY_FOR_A_CONFIG | own, module
     loader = set().union(*(imports(p) for p in LOADER.rglob("*.py")))
     assert {m.split(".")[0] for m in loader} <= {"mmfs", "numpy", *sys.stdlib_module_names}
     contract = imports(PACKAGE / "mount" / "contract.py")
     assert {m.split(".")[0] for m in contract} <= set(sys.stdlib_module_names)
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The modules `path` imports when it is imported (not inside a function)."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_the_loader_imports_the_c_core_only_for_a_config():
+    """The in-process backend is imported inside a function only (the one that opens a
+    config): a mount point's reader stays numpy-only. Checked in a fresh interpreter too."""
+    for path in LOADER.rglob("*.py"):
+        assert not top_level_imports(path) & LAZY_FOR_A_CONFIG, path
+    import subprocess
+
+    code = ("import sys, mmfs.loader, mmfs.adapters.megatron; "
+            "print(sorted(m for m in sys.modules if m in ('mmfs.native', 'mmfs._native', 'mmfs.mount.inprocess', "
+            "'mmfs.megatron')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent)
+    assert out.stdout.strip() == "[]"

@@ -23,6 +23,7 @@ import io
 import itertools
 import json
 import os
+import pickle
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,7 +33,7 @@ import yaml
 from s3_server import MotoServer, use_test_credentials
 
 import matrix_cases as mc
-from matrix_mounts import BUCKET, Run, write_config, write_data
+from matrix_mounts import BUCKET, Run, differences, loader_files, write_config, write_data
 from matrix_reference import CELLS, REFERENCE, Cell, describe, digest, file_digests, wrong
 from mmfs import cli
 from mmfs.adapters.megatron import mount_datasets_provider
@@ -319,51 +320,70 @@ def _starts(cell: Cell) -> list[int]:
     return [0, *(cell.consumed[t] for t in mc.PHASE_STARTS)]
 
 
-def test_loader(run):
+@pytest.mark.parametrize("served", ["mount", "in_process"])
+def test_loader(run, served):
     """mmfs.loader's megatron_batches: what Megatron's DataLoader gives each rank, from 0 and
-    from each phase start; and valid's from 0."""
-    cell = run.cell
+    from each phase start; and valid's from 0 (of the mount, and of the config in-process)."""
+    cell, mount = run.cell, getattr(run, served)
     pending(cell, "train")
     for at, rank in itertools.product(_starts(cell), range(mc.DATA_PARALLEL_SIZE)):
-        got = [_rows(b) for b in itertools.islice(run.mount.megatron_batches("train", rank, consumed_samples=at), 4)]
+        got = [_rows(b) for b in itertools.islice(mount.megatron_batches("train", rank, consumed_samples=at), 4)]
         if cell.exact_stream:
             assert not describe(f"megatron_batches(train, {rank}, {at})", got, _from(cell, at, rank, 4))
         else:
             assert got == run.rank_files("train", rank)[at // cell.group:][:4]
     for rank in range(mc.DATA_PARALLEL_SIZE):
         want = [mb for launch, ranks in cell.valid_steps() if launch == 0 for mb in ranks[rank]][:4]
-        got = [_rows(b) for b in itertools.islice(run.mount.megatron_batches("valid", rank), 4)]
+        got = [_rows(b) for b in itertools.islice(mount.megatron_batches("valid", rank), 4)]
         assert not describe(f"megatron_batches(valid, {rank})", got, want)
 
 
-def test_torch_adapter(run):
+@pytest.mark.parametrize("served", ["mount", "in_process"])
+def test_torch_adapter(run, served):
     pytest.importorskip("torch")
     from mmfs.adapters.torch import RankStream
 
-    cell = run.cell
+    cell, mount = run.cell, getattr(run, served)
     pending(cell, "train")
     for at, rank in itertools.product(_starts(cell), range(mc.DATA_PARALLEL_SIZE)):
-        got = [_rows(b) for b in itertools.islice(iter(RankStream(run.mount, "train", rank, consumed_samples=at)), 4)]
+        got = [_rows(b) for b in itertools.islice(iter(RankStream(mount, "train", rank, consumed_samples=at)), 4)]
         if cell.exact_stream:
             assert not describe(f"RankStream(train, {rank}, {at})", got, _from(cell, at, rank, 4))
         else:
             assert got == run.rank_files("train", rank)[at // cell.group:][:4]
 
 
-def test_grain_adapter(run):
-    pytest.importorskip("grain")
+@pytest.mark.parametrize("served", ["path", "config"])
+def test_grain_adapter(run, served):
+    """grain's source of the mount, and of the config in-process (the protocol only: grain
+    need not be installed to build one, nor to pickle it to a worker, which opens it anew)."""
     from mmfs.adapters.grain import SampleSource
 
-    source = SampleSource(str(run.path), "train")
+    source = pickle.loads(pickle.dumps(SampleSource(str(getattr(run, served)), "train")))
     got = [digest(np.asarray(source[i])) for i in range(len(source))]
     assert not describe("grain SampleSource(train)", got, run.cell.train_samples())
 
 
-def test_provider(run):
+def _batches(where: Path, args: SimpleNamespace, rank: int) -> tuple[list, list, list]:
+    """The first 4 train, 2 valid and 2 test micro-batches the provider of `where` gives `rank`."""
+    provider = mount_datasets_provider(
+        where, get_args=lambda: args, data_parallel=lambda: (rank, mc.DATA_PARALLEL_SIZE), to_tensor=lambda a: a)
+    train, valid, test = provider([mc.TRAIN_SAMPLES, 1, 1])
+    return list(itertools.islice(train, 4)), list(itertools.islice(valid, 2)), list(itertools.islice(test, 2))
+
+
+def _same_batches(a: list[dict], b: list[dict]) -> bool:
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(
+        x[k].dtype == y[k].dtype and np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("served", ["path", "config"])
+def test_provider(run, served):
     """The provider on each rank of a job launched at each phase start: train from
     args.consumed_train_samples, valid from args.consumed_valid_samples, test from 0, as
     the launch's own loaders read them (restart: relaunched there with
-    --phase-transition-iterations, so valid and test are the phase's own)."""
+    --phase-transition-iterations, so valid and test are the phase's own). Given the config
+    instead of the mount (served in-process), every field of each batch is the mount's."""
     cell = run.cell
     pending(cell, "train")
     steps = cell.valid_steps()
@@ -380,20 +400,33 @@ def test_provider(run):
             eval_iters=mc.EVAL_ITERS, iteration=cell.consumed.index(at), consumed_train_samples=at,
             consumed_valid_samples=valid_at * eval_batch,
             phase_transition_iterations=mc.PHASE_STARTS if cell.mode == "restart" else None)
-        provider = mount_datasets_provider(
-            run.path, get_args=lambda args=args: args, data_parallel=lambda rank=rank: (rank, mc.DATA_PARALLEL_SIZE),
-            to_tensor=lambda a: a)
-        train, valid, test = provider([mc.TRAIN_SAMPLES, 1, 1])
-        got = [_rows(b) for b in itertools.islice(train, 4)]
+        train, valid, test = _batches(getattr(run, served), args, rank)
+        if served == "config":
+            assert all(map(_same_batches, (train, valid, test), _batches(run.path, args, rank))), (at, rank)
+        got = [_rows(b) for b in train]
         if cell.exact_stream:
             assert not describe(f"provider train from {at}, rank {rank}", got, _from(cell, at, rank, 4))
         else:
             assert got == run.rank_files("train", rank)[at // cell.group:][:4]
         want = [mb for k, ranks in steps[valid_at:] if k == launch for mb in ranks[rank]][:2]
-        got = [_rows(b) for b in itertools.islice(valid, 2)]
+        got = [_rows(b) for b in valid]
         assert not describe(f"provider valid from step {valid_at}, rank {rank}", got, want)
         want = [mb for step in cell.test_steps(launch) for mb in step[rank]][:2]
-        assert not describe(f"provider test, rank {rank}", [_rows(b) for b in itertools.islice(test, 2)], want)
+        assert not describe(f"provider test, rank {rank}", [_rows(b) for b in test], want)
+
+
+# -- the same bytes without a mount ---------------------------------------------------------
+
+
+def test_in_process_serves_the_mounts_bytes(run):
+    """Mount(CONFIG), served in this process through the C core without FUSE, against the
+    mount of the same config: every file mmfs.loader reads of the cell (mmfs.json, samples
+    with their beyond ids, each rank's micro-batches, the streams of its relaunches, each
+    restart phase's own valid and test), its attribute and its stream folder's listing."""
+    files = list(loader_files(run.mount, run.cell))
+    assert len(files) > mc.TRAIN_SAMPLES
+    assert differences(run.mount, run.in_process, run.cell) == []
+    assert run.in_process.info == run.mount.info
 
 
 # -- what Megatron refuses ------------------------------------------------------------------

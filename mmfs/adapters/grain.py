@@ -1,6 +1,7 @@
 """A split of a mount as a grain RandomAccessDataSource: __len__ and __getitem__,
-picklable (it holds the mount's path; each process opens the mount itself) and
-thread-safe (every read is its own open and read of a sample file).
+picklable (it holds the mount's path; each process opens the mount itself, or, given a
+config, serves it itself: mmfs.loader.Mount) and thread-safe (every read is its own
+read of a sample file).
 
     source = SampleSource("/mnt/data", "train")            # tokens, in the mount's dtype
     source = SampleSource("/mnt/data", "train", megatron=True, eod_mask_loss=True)

@@ -53,6 +53,7 @@ import numpy as np
 
 from mmfs.errors import MmfsError
 from mmfs.loader import LoaderError, Mount
+from mmfs.loader.files import KernelFiles
 from mmfs.mount import contract
 
 SPLITS = ("train", "valid", "test")
@@ -283,18 +284,19 @@ DEAD_MOUNT_HINT = ("; if the mount on this node is gone, mount it again (`mmfs u
                    "mount CONFIG MOUNT`) and resume the job from its last checkpoint")
 
 
-def _guarded(batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def _guarded(batches: Iterator[dict[str, Any]], hint: str = DEAD_MOUNT_HINT) -> Iterator[dict[str, Any]]:
     try:
         yield from batches
     except MmfsError as exc:
-        _exit(exc, DEAD_MOUNT_HINT)
+        _exit(exc, hint)
 
 
 def mount_datasets_provider(mount_path: str | os.PathLike, *, get_args: Callable[[], Any] | None = None,
                             data_parallel: Callable[[], tuple[int, int]] | None = None,
                             to_tensor: Callable[[np.ndarray], Any] | None = None):
     """A train_valid_test_datasets_provider for pretrain() with --dataloader-type
-    external, reading the mount (or a plain folder copy of its files) at mount_path.
+    external, reading the mount (or a plain folder copy of its files) at mount_path, or
+    given a config file, its mount's files served in this process (mmfs.loader.Mount).
     get_args, data_parallel (-> (rank, size)) and to_tensor default to Megatron's
     and torch's; the tests pass their own."""
     get_args = get_args or _megatron_args
@@ -324,7 +326,7 @@ def mount_datasets_provider(mount_path: str | os.PathLike, *, get_args: Callable
                 return None
             batches = ({name: to_tensor(value) for name, value in mount.microbatch_file(path, **flags).items()
                         if name not in MMFS_FIELDS} for path in streams[split])
-            return _guarded(batches)
+            return _guarded(batches, DEAD_MOUNT_HINT if isinstance(mount.files, KernelFiles) else "")  # a config: none
 
         return tuple(iterator(split) for split in SPLITS)
 

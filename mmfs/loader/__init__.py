@@ -1,10 +1,13 @@
-"""Read an mmfs mount from a training process: numpy only (no torch, no C core).
+"""Read an mmfs mount from a training process: numpy only (no torch, no C core; a
+config read in-process instead of a mount point brings the C core).
 
     m = Mount("/mnt/data")
     m.sample("train", 42)                      # tokens, in the mount's dtype
     m.megatron_item("train", 42)               # what megatron-core's GPTDataset[42] returns
     for batch in m.megatron_batches("train", rank=3, consumed_samples=4096):
         ...                                    # what Megatron's DataLoader gives rank 3
+    Mount("run.yaml")                          # a config: the same files served in this
+                                               # process by the C core, no FUSE (mmfs/mount/inprocess.py)
 
 Everything comes from the files and `mmfs.json` (see README.md, "The mount"):
 sample files `<split>/samples/NNNNNNN.bin`, micro-batch files

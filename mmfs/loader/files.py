@@ -1,11 +1,17 @@
-"""Reading a mount's files from a training process: whole files, extended attributes
-(or, in a plain folder copy, the table that holds them), and the loader's error."""
+"""How the loader reads a mount's files: one small file system interface (read a
+whole file, list a folder, read an extended attribute) with two implementations,
+the kernel's (a mount, or a plain folder copy of some of its files) and the
+in-process one (a config served through the C core in this process, no FUSE:
+mmfs/mount/inprocess.py, imported only when the loader is given a config). Both
+raise OSError as the kernel does (ENOENT, ENOTDIR, ENODATA, EIO with the reason);
+the loader turns them into its one-line LoaderError."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -31,21 +37,66 @@ def whole(name: str, value: Any) -> int:
     return int(value)
 
 
-def read_file(path: str) -> bytearray:
-    """The whole file, in a writable buffer (so arrays over it are writable, as
-    torch.from_numpy wants)."""
-    try:
+class Files(Protocol):
+    """A mount's files under `root` (paths are root + "/" + the path in the mount)."""
+
+    root: str
+
+    def read(self, path: str) -> bytearray:
+        """The whole file, in a writable buffer (so arrays over it are writable, as
+        torch.from_numpy wants)."""
+
+    def listdir(self, path: str) -> list[str]:
+        """The names in a folder."""
+
+    def getxattr(self, path: str, name: str) -> str:
+        """An extended attribute of a file."""
+
+
+def open_files(path: str, options: str = "") -> Files:
+    """The file system of `path`: a config file is served in this process (options: those
+    of `mmfs mount -o` that apply there), anything else (a mount point, a folder copy)
+    is read through the kernel."""
+    if os.path.isfile(path):
+        from mmfs.mount.inprocess import in_process_files  # the C core: only for a config
+
+        return in_process_files(path, options)
+    if options:
+        raise LoaderError(f"{path}: options ({options}) apply to a config read in this process; a mount's "
+                          "are given to `mmfs mount -o`")
+    return KernelFiles(path)
+
+
+class KernelFiles:
+    """A mount, or a plain folder copy of some of its files, read through the kernel."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._copied = copied_attributes(root)  # None for a mount
+
+    def read(self, path: str) -> bytearray:
         with open(path, "rb", buffering=0) as f:
             buf = bytearray(os.fstat(f.fileno()).st_size)
             view, done = memoryview(buf), 0
             while done < len(buf):
                 n = f.readinto(view[done:])
                 if not n:
-                    raise LoaderError(f"{path}: ended after {done} of {len(buf)} bytes")
+                    raise OSError(errno.EIO, f"ended after {done} of {len(buf)} bytes")
                 done += n
             return buf
-    except OSError as exc:
-        raise LoaderError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def getxattr(self, path: str, name: str) -> str:
+        """(of a plain copy: from its table where the file has none)"""
+        try:
+            return os.getxattr(path, name).decode()
+        except OSError:
+            held = (self._copied or {}).get(os.path.relpath(path, self.root), {}).get(name)
+            if held is not None:
+                return held
+            raise
 
 
 def copied_attributes(folder: str) -> dict[str, dict[str, str]] | None:
@@ -63,13 +114,17 @@ def copied_attributes(folder: str) -> dict[str, dict[str, str]] | None:
     return table
 
 
-def attribute(root: str, copied: dict[str, dict[str, str]] | None, path: str, name: str) -> str:
-    """An extended attribute of a file under root (of a plain copy: from its table
-    where the file has none)."""
+def read_file(files: Files, path: str) -> bytearray:
+    """files.read, its failure in one line."""
     try:
-        return os.getxattr(path, name).decode()
+        return files.read(path)
     except OSError as exc:
-        held = (copied or {}).get(os.path.relpath(path, root), {}).get(name)
-        if held is not None:
-            return held
+        raise LoaderError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+
+
+def attribute(files: Files, path: str, name: str) -> str:
+    """files.getxattr, its failure in one line."""
+    try:
+        return files.getxattr(path, name)
+    except OSError as exc:
         raise LoaderError(f"{path}: cannot read its {name} attribute: {exc.strerror or exc}") from None

@@ -1,6 +1,6 @@
-"""An mmfs mount (or a folder laid out like one) as a training process reads it:
-samples, micro-batches of a rank, streams of any layout, in GPTDataset's fields
-(mmfs.loader's doc says what it reads and how)."""
+"""An mmfs mount (or a folder laid out like one, or a config served in this process)
+as a training process reads it: samples, micro-batches of a rank, streams of any
+layout, in GPTDataset's fields (mmfs.loader's doc says what it reads and how)."""
 
 from __future__ import annotations
 
@@ -12,22 +12,27 @@ from typing import Any
 
 import numpy as np
 
-from mmfs.loader.files import LoaderError, attribute, copied_attributes, read_file, whole
+from mmfs.loader.files import LoaderError, attribute, open_files, read_file, whole
 from mmfs.loader.getitem import SampleFields, check_flags
 from mmfs.mount import contract
 
 
 class Mount:
-    """An mmfs mount (or a directory laid out like one), described by its mmfs.json."""
+    """An mmfs mount (or a directory laid out like one), described by its mmfs.json.
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    `path` may name a config file instead: its mount's files are then served in this
+    process through the C core, the same bytes as a mount of it (mmfs/mount/inprocess.py),
+    at paths CONFIG/<path in the mount>; `options` then are those of `mmfs mount -o` that
+    apply in a process (map_limit_mb, open_files)."""
+
+    def __init__(self, path: str | os.PathLike, options: str = "") -> None:
         self.path = os.fspath(path)
+        self.files = open_files(self.path, options)  # the kernel's, or the in-process one of a config
         info_path = os.path.join(self.path, contract.MANIFEST)
         try:
-            with open(info_path, "rb", buffering=0) as f:  # unbuffered: no isatty, no ioctl to the daemon
-                self.info: dict[str, Any] = json.loads(f.read())
+            self.info: dict[str, Any] = json.loads(self.files.read(info_path))  # (unbuffered: no ioctl)
         except FileNotFoundError:
-            raise LoaderError(f"{info_path}: not found; is {self.path} an mmfs mount?") from None
+            raise LoaderError(f"{info_path}: not found; is {self.path} an mmfs mount (or a config file)?") from None
         except (OSError, ValueError) as exc:
             raise LoaderError(f"{info_path}: cannot read it: {exc}") from None
         info = self.info
@@ -44,7 +49,6 @@ class Mount:
         # a run in phases (docs/phases.md): each phase's [start_sample, end_sample) of train
         self.phases: dict[str, Any] | None = info.get(contract.KEY_PHASES)
         self._phase_starts = [int(p["start_sample"]) for p in self.phases["phases"]] if self.phases else []
-        self._copied = copied_attributes(self.path)  # None for a mount
 
     # -- samples ----------------------------------------------------------------
 
@@ -118,7 +122,7 @@ class Mount:
 
     def sample(self, split: str, i: int, phase: int | None = None) -> np.ndarray:
         """Sample i's tokens, in the mount's dtype (pad positions hold the pad in that dtype)."""
-        return np.frombuffer(read_file(self.sample_path(split, i, phase)), dtype=self.dtype)
+        return np.frombuffer(read_file(self.files, self.sample_path(split, i, phase)), dtype=self.dtype)
 
     def pieces(self, split: str, i: int, phase: int | None = None) -> list[tuple[int, int, int]]:
         """(sequence, offset, length) of each piece sample i was cut from."""
@@ -214,7 +218,7 @@ class Mount:
         start = self._first_microbatch(split, rank, consumed_samples, phase)
         mbs = int(self._training()[contract.KEY_MICRO_BATCH_SIZE])
         for j in range(start, self.microbatches_per_rank(split, phase)):
-            data = read_file(self.microbatch_path(split, rank, j, phase))
+            data = read_file(self.files, self.microbatch_path(split, rank, j, phase))
             yield np.frombuffer(data, dtype=self.dtype).reshape(mbs, self.tokens_per_sample)
 
     def megatron_batches(self, split: str, rank: int, consumed_samples: int = 0, phase: int | None = None,
@@ -262,8 +266,10 @@ class Mount:
         folder = self.stream_dir(split, rank, data_parallel_size, micro_batch_size, consumed_samples,
                                  sampler, sharding, phase)
         try:
-            names = sorted(n for n in os.listdir(folder) if n.endswith(contract.FILE_SUFFIX))
-        except FileNotFoundError:
+            names = sorted(n for n in self.files.listdir(folder) if n.endswith(contract.FILE_SUFFIX))
+        except FileNotFoundError as exc:
+            if (exc.strerror or "").startswith("no such stream: "):  # in-process: the reason the daemon logs
+                raise LoaderError(f"{folder}: {exc.strerror}") from None
             raise LoaderError(f"{folder}: no such stream (a layout Megatron's sampler refuses at that "
                               "consumed_samples; the mount's log says why)") from None
         except OSError as exc:
@@ -275,7 +281,7 @@ class Mount:
         too) as megatron_batch of its samples, plus `sample_ids`, and in a run in phases
         the `phase` of each train sample."""
         check_flags(flags)
-        raw = np.frombuffer(read_file(path), dtype=self.dtype).reshape(-1, self.tokens_per_sample)
+        raw = np.frombuffer(read_file(self.files, path), dtype=self.dtype).reshape(-1, self.tokens_per_sample)
         ids = [int(x) for x in self.attribute(path, contract.XATTR_SAMPLES).split()]
         if len(ids) != raw.shape[0]:
             raise LoaderError(f"{path}: {raw.shape[0]} samples but {len(ids)} ids in {contract.XATTR_SAMPLES}")
@@ -296,4 +302,4 @@ class Mount:
     def attribute(self, path: str, name: str) -> str:
         """An extended attribute of a file of the mount (of a plain copy: from its
         mmfs-attributes.json where the file has none)."""
-        return attribute(self.path, self._copied, path, name)
+        return attribute(self.files, path, name)

@@ -256,28 +256,41 @@ def wait_until_mounted(mountpoint: str, pid: int, log_path: str, timeout: float 
         delay = min(delay * 2, 0.01)  # a stat is cheap; the user is waiting
 
 
-def mount_command(args: argparse.Namespace) -> int:
-    """`mmfs mount CONFIG MOUNTPOINT [-f] [-o OPTIONS] [--log FILE]`."""
+def open_tree(config: str, options: MountOptions, progress: bool = False, freeze: bool = False) -> Any:
+    """The mount's Tree of a config, opened as `mmfs mount` opens it (the daemon serves
+    it through FUSE; mmfs/mount/inprocess.py in the calling process). freeze: it lives
+    as long as the process."""
     from mmfs.megatron import open_corpus_for_serving
-    from mmfs.mount.fuse import serve
     from mmfs.mount.tree import Tree
 
-    mountpoint = os.path.abspath(args.mountpoint)
-    options = parse_mount_options(args.options)
-    check_mount_point(mountpoint, allow_nonempty=options.nonempty)
-    quiet = bool(getattr(args, "quiet", False))
+    def made() -> Any:
+        corpus = open_corpus_for_serving(config, progress=progress, map_limit_mb=options.map_limit_mb,
+                                         open_files=options.open_files, freeze=freeze)
+        return Tree(corpus)
+
+    if not freeze:
+        return made()
     # The corpus and tree live as long as the daemon: the collector need not walk their
     # objects, neither while they are made (its passes over the readers' and tree's
     # hundreds of thousands were a quarter of the mount at 10,000 datasets) nor after
     # (nor touch their pages after the fork): paused, then what was made is frozen.
     gc.disable()
     try:
-        corpus = open_corpus_for_serving(args.config, progress=not quiet, map_limit_mb=options.map_limit_mb,
-                                         open_files=options.open_files, freeze=True)
-        tree = Tree(corpus)
+        return made()
     finally:
         gc.freeze()
         gc.enable()
+
+
+def mount_command(args: argparse.Namespace) -> int:
+    """`mmfs mount CONFIG MOUNTPOINT [-f] [-o OPTIONS] [--log FILE]`."""
+    from mmfs.mount.fuse import serve
+
+    mountpoint = os.path.abspath(args.mountpoint)
+    options = parse_mount_options(args.options)
+    check_mount_point(mountpoint, allow_nonempty=options.nonempty)
+    quiet = bool(getattr(args, "quiet", False))
+    tree = open_tree(args.config, options, progress=not quiet, freeze=True)
     # Someone may have mounted there while the indices were built.
     check_mount_point(mountpoint, allow_nonempty=options.nonempty)
 
@@ -357,12 +370,8 @@ def temporary_mount(config: str, options: str = "") -> Iterator[tuple[str, int]]
     """Mount `config` (as `mmfs mount` does, with `-o options`) in a temporary
     directory; yields (mount point, daemon pid) and unmounts afterwards (for
     benchmarks)."""
-    from mmfs.megatron import open_corpus_for_serving
-    from mmfs.mount.tree import Tree
-
     mount_options = parse_mount_options(options)
-    tree = Tree(open_corpus_for_serving(config, map_limit_mb=mount_options.map_limit_mb,
-                                        open_files=mount_options.open_files))
+    tree = open_tree(config, mount_options, progress=True)
     tmp = tempfile.mkdtemp(prefix="mmfs-bench-")
     mount = os.path.join(tmp, "mnt")
     os.mkdir(mount)

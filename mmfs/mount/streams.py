@@ -88,7 +88,7 @@ class Streams:
         self.mtime_ns = mtime_ns
         self.folders = stream_folders(corpus)  # "valid", "valid/phases/001", ...: the split each reads
         self._layouts: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self._refused: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._refused: OrderedDict[tuple[str, str], str] = OrderedDict()  # -> why
         self._lock = threading.Lock()
         # The views of every layout held, as the C handlers serve them, and
         # their use stamps (mmfs_fuse_tick's clock, written by C).
@@ -119,7 +119,7 @@ class Streams:
             with self._lock:
                 if key not in self._refused:
                     log.warning("%s/%s: no such stream: %s", streams_dir(folder), name, exc)
-                    self._refused[key] = None
+                    self._refused[key] = str(exc)
                     if len(self._refused) > MAX_LOGGED:
                         self._refused.popitem(last=False)
             return None
@@ -131,6 +131,12 @@ class Streams:
                     del self._layouts[min(self._layouts, key=self._last_use)]
                 self._publish()
             return held
+
+    def refusal(self, folder: str, name: str) -> str | None:
+        """Why layout folder `name` of `folder` is not there, if it was refused (and is
+        still remembered)."""
+        with self._lock:
+            return self._refused.get((folder, name))
 
     def find_view(self, path: str) -> tuple[Registry, View] | None:
         """The view of a held layout's rank folder at `path`, with its layout's own

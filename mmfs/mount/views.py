@@ -139,10 +139,19 @@ class Registry:
             return b""
         size = min(size, max(self.size(view, i) - offset, 0))
         buf = ffi.new("uint8_t[]", max(size, 1))
+        n = self._read(view, i, offset, size, buf)
+        return ffi.buffer(buf, n)[:]
+
+    def read_into(self, view: View, i: int, offset: int, out: bytearray) -> int:
+        """Bytes [offset, offset + len(out)) of file i of view, into out: how many."""
+        return self._read(view, i, offset, len(out), ffi.from_buffer("uint8_t[]", out)) if out and offset >= 0 else 0
+
+    def _read(self, view: View, i: int, offset: int, size: int, buf: Any) -> int:
+        """mmfs_view_read, what the C read handler calls for a view's file."""
         n = lib.mmfs_view_read(self._c(view), i, offset, size, buf)
         if n < 0:
             raise NativeError(read_failure(view, i, n))
-        return ffi.buffer(buf, n)[:]
+        return n
 
 
 def read_failure(view: View, i: int, rc: int) -> str:
