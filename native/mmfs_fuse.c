@@ -5,11 +5,18 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/stat.h>
 
-typedef int (*fill_fn)(void *buf, const char *name, const struct stat *st, int64_t off);
+/* libfuse 2's and 3's fuse_fill_dir_t: 3 adds flags (mmfs passes none). */
+typedef int (*fill2_fn)(void *buf, const char *name, const struct stat *st, int64_t off);
+typedef int (*fill3_fn)(void *buf, const char *name, const struct stat *st, int64_t off, int flags);
+
+static int fill(void *filler, int v3, void *buf, const char *name, const struct stat *st, int64_t off) {
+    return v3 ? ((fill3_fn)filler)(buf, name, st, off, 0) : ((fill2_fn)filler)(buf, name, st, off);
+}
 
 static const mmfs_view *g_views;
 static int32_t g_num_views;
@@ -167,6 +174,8 @@ int mmfs_fuse_fgetattr(const char *path, void *st, void *fi) {
     return view_stat(path, st, &rc) ? rc : g_fallback.fgetattr(path, st, fi);
 }
 
+int mmfs_fuse3_getattr(const char *path, void *st, void *fi) { return mmfs_fuse_fgetattr(path, st, fi); }
+
 /* 1 if answered (into *rc); 0 to hand over to Python: *d >= 0 for a failed
  * read of that view's file (*file, error *failed), else the whole request. */
 static int read_locked(const char *path, char *buf, size_t size, int64_t offset, int *rc, int32_t *d,
@@ -240,7 +249,7 @@ int mmfs_fuse_ioctl(const char *path, int cmd, void *arg, void *fi, unsigned int
 }
 
 /* 1 if answered (into *rc), 0 to hand over to Python. */
-static int readdir_locked(const char *path, void *buf, void *filler, int64_t offset, int *rc) {
+static int readdir_locked(const char *path, void *buf, void *filler, int v3, int64_t offset, int *rc) {
     const mmfs_view *v;
     int32_t d;
     int64_t file;
@@ -250,28 +259,65 @@ static int readdir_locked(const char *path, void *buf, void *filler, int64_t off
     /* Entry k (0 = ".", 1 = "..", then the files) carries offset k + 1, the
      * place to resume: libfuse asks for the directory a buffer at a time. Only
      * the type of st matters to a listing. */
-    fill_fn fill = (fill_fn)filler;
     struct stat dir_st = {.st_mode = S_IFDIR | 0555}, file_st = {.st_mode = S_IFREG | 0444};
     int64_t k = offset < 0 ? 0 : offset;
     for (; k < 2; ++k)
-        if (fill(buf, k == 0 ? "." : "..", &dir_st, k + 1)) return 1;
+        if (fill(filler, v3, buf, k == 0 ? "." : "..", &dir_st, k + 1)) return 1;
     char name[32];
     for (int64_t i = k - 2; i < v->count; ++i) {
         if (mmfs_view_name(v, i, name, sizeof name) < 0) {
             *rc = -EIO;
             return 1;
         }
-        if (fill(buf, name, &file_st, i + 3)) break;
+        if (fill(filler, v3, buf, name, &file_st, i + 3)) break;
     }
     return 1;
 }
 
-int mmfs_fuse_readdir(const char *path, void *buf, void *filler, int64_t offset, void *fi) {
+static int readdir_either(const char *path, void *buf, void *filler, int v3, int64_t offset, void *fi) {
     int rc;
     mmfs_latency_touch();
     count(KIND_READDIR);
     pthread_rwlock_rdlock(&g_dyn_lock);
-    int answered = readdir_locked(path, buf, filler, offset, &rc);
+    int answered = readdir_locked(path, buf, filler, v3, offset, &rc);
     pthread_rwlock_unlock(&g_dyn_lock);
     return answered ? rc : g_fallback.readdir(path, buf, filler, offset, fi);
 }
+
+int mmfs_fuse_readdir(const char *path, void *buf, void *filler, int64_t offset, void *fi) {
+    return readdir_either(path, buf, filler, 0, offset, fi);
+}
+
+int mmfs_fuse3_readdir(const char *path, void *buf, void *filler, int64_t offset, void *fi, int flags) {
+    (void)flags; /* FUSE_READDIR_PLUS: libfuse looks entries up itself when asked; mmfs fills names */
+    return readdir_either(path, buf, filler, 1, offset, fi);
+}
+
+static const int g_watched[3] = {SIGINT, SIGTERM, SIGHUP};
+static struct sigaction g_libfuse_handler[3];
+static volatile sig_atomic_t g_signal;
+
+static void note_signal(int sig) {
+    g_signal = sig;
+    for (int i = 0; i < 3; ++i)
+        if (g_watched[i] == sig && !(g_libfuse_handler[i].sa_flags & SA_SIGINFO) &&
+            g_libfuse_handler[i].sa_handler != SIG_DFL && g_libfuse_handler[i].sa_handler != SIG_IGN)
+            g_libfuse_handler[i].sa_handler(sig);
+}
+
+void mmfs_fuse_watch_signals(void) {
+    for (int i = 0; i < 3; ++i) {
+        struct sigaction mine;
+        if (sigaction(g_watched[i], NULL, &g_libfuse_handler[i]) != 0) continue;
+        /* Only in front of a handler libfuse put there (a plain one, as it installs). */
+        if ((g_libfuse_handler[i].sa_flags & SA_SIGINFO) || g_libfuse_handler[i].sa_handler == SIG_DFL ||
+            g_libfuse_handler[i].sa_handler == SIG_IGN || g_libfuse_handler[i].sa_handler == note_signal)
+            continue;
+        memset(&mine, 0, sizeof mine);
+        mine.sa_handler = note_signal;
+        sigemptyset(&mine.sa_mask);
+        sigaction(g_watched[i], &mine, NULL);
+    }
+}
+
+int mmfs_fuse_signal(void) { return g_signal; }

@@ -1,4 +1,4 @@
-/* mmfs FUSE handlers for the views' files, in C (libfuse 2 high-level API).
+/* mmfs FUSE handlers for the views' files, in C (libfuse 2's and 3's high-level API).
  *
  * fusepy calls Python for every request. For the requests that dominate a
  * loader (the attributes, the bytes and the listing of the files of every
@@ -48,13 +48,28 @@ int64_t mmfs_fuse_tick(void);
 typedef void (*mmfs_read_hook)(const char *view_path, int64_t file);
 void mmfs_fuse_set_read_hook(mmfs_read_hook hook);
 
+/* The handlers, for libfuse 2's struct fuse_operations (getattr, fgetattr, read,
+ * readdir, ioctl) and libfuse 3's (mmfs_fuse3_getattr, read, mmfs_fuse3_readdir,
+ * ioctl): libfuse 3 passes getattr the file info and readdir flags, and its filler
+ * takes flags; it has no fgetattr. The Python fallbacks keep libfuse 2's shapes
+ * (a libfuse 3 getattr goes to fgetattr; readdir's filler is passed on as given). */
 int mmfs_fuse_getattr(const char *path, void *st);
 int mmfs_fuse_fgetattr(const char *path, void *st, void *fi);
+int mmfs_fuse3_getattr(const char *path, void *st, void *fi);
 int mmfs_fuse_read(const char *path, char *buf, size_t size, int64_t offset, void *fi);
 int mmfs_fuse_readdir(const char *path, void *buf, void *filler, int64_t offset, void *fi);
+int mmfs_fuse3_readdir(const char *path, void *buf, void *filler, int64_t offset, void *fi, int flags);
 /* Every ioctl(2) on a file of the mount (Python's open() asks isatty: TCGETS):
  * -ENOTTY. The kernel forwards each one; no answer makes it stop asking. */
 int mmfs_fuse_ioctl(const char *path, int cmd, void *arg, void *fi, unsigned int flags, void *data);
+
+/* libfuse 3's main returns 8 (its loop's error) when SIGINT, SIGTERM or SIGHUP ended
+ * the loop, as for a failure (libfuse 2's returns 0). mmfs_fuse_watch_signals(), called
+ * once the loop runs (from init: libfuse has put in its handlers), puts a handler in
+ * front of libfuse's for each of the three that notes the signal and calls libfuse's;
+ * mmfs_fuse_signal() gives the signal that ended the loop (0: none). */
+void mmfs_fuse_watch_signals(void);
+int mmfs_fuse_signal(void);
 
 /* The requests the handlers above were sent, counted by kind since the mount
  * (LOOKUP and GETATTR both reach getattr in libfuse 2's high-level API; a request
