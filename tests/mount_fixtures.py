@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from mmfs.mount.libfuse import fusermount
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
@@ -80,7 +82,8 @@ def wait_gone(pid: int, timeout: float = HANG_GUARD) -> bool:
 
 def force_unmount(path: str | os.PathLike) -> None:
     """Unmount whatever is at `path` (live, busy or stale); never raises."""
-    for args in (["fusermount", "-u", str(path)], ["fusermount", "-uz", str(path)]):
+    tool = fusermount() or "fusermount"  # fusermount3 or fusermount, as mmfs umount picks
+    for args in ([tool, "-u", str(path)], [tool, "-uz", str(path)]):
         if not is_mounted(path):
             return
         subprocess.run(args, capture_output=True)

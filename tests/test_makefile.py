@@ -31,7 +31,7 @@ def stamp(venv: Path, name: str) -> None:
 def test_demo_installs_the_core_and_test_adds_the_extras(tmp_path):
     venv = tmp_path / "venv"
     venv.mkdir()
-    assert installs("demo", venv) == ["-e ."]  # numpy, cffi, PyYAML, fusepy: no test extras
+    assert installs("demo", venv) == ["-e ."]  # numpy, cffi, PyYAML, mfusepy: no test extras
     assert installs("test", venv) == ["-e .", "-e '.[test]'"]
     stamp(venv, ".installed-core")  # after `make demo`
     assert installs("demo", venv) == []

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import time
 
-import fuse as fusepy
 import numpy as np
 import pytest
 import yaml
@@ -24,7 +23,8 @@ from golden_cases import GOLDEN, write_case_config
 from mmfs.errors import MountError
 from mmfs.formats.writer import write_index
 from mmfs.megatron import open_corpus
-from mmfs.mount.fuse import FUSEPY_VERSION, NATIVE_HANDLERS, check_table, native_address
+from mmfs.mount.fuse import mfusepy
+from mmfs.mount.layouts import MFUSEPY_VERSION, NATIVE_HANDLERS, check_table, native_address
 from mount_fixtures import mounted
 
 
@@ -91,8 +91,8 @@ def test_samples_larger_than_a_read_come_in_pieces(long_config, tmp_path, option
 
 
 def _table_with_c_handlers():
-    table = fusepy.fuse_operations()
-    prototypes = dict(f[:2] for f in fusepy.fuse_operations._fields_)
+    table = mfusepy.fuse_operations()
+    prototypes = dict(f[:2] for f in mfusepy.fuse_operations._fields_)
     for name in NATIVE_HANDLERS:
         setattr(table, name, prototypes[name](native_address(name)))
     return table
@@ -104,13 +104,13 @@ def test_the_operations_table_check_passes_on_the_real_table():
 
 def test_the_operations_table_check_fires():
     table = _table_with_c_handlers()
-    python_read = fusepy.fuse_operations._fields_[15][1](lambda *args: 0)
+    python_read = dict(f[:2] for f in mfusepy.fuse_operations._fields_)["read"](lambda *args: 0)
     table.read = python_read  # a Python handler where the C one belongs
     with pytest.raises(MountError, match="does not hold mmfs's C handler for read"):
         check_table(table)
-    with pytest.raises(MountError, match=f"fusepy 9.9.9 is installed.*fusepy {FUSEPY_VERSION}"):
-        check_table(_table_with_c_handlers(), fusepy_version="9.9.9")
-    empty = fusepy.fuse_operations()
+    with pytest.raises(MountError, match=f"mfusepy 9.9.9 is installed.*mfusepy {MFUSEPY_VERSION}"):
+        check_table(_table_with_c_handlers(), mfusepy_version="9.9.9")
+    empty = mfusepy.fuse_operations()
     with pytest.raises(MountError, match="C handler for getattr"):
         check_table(empty)
     assert ctypes.cast(empty.getattr, ctypes.c_void_p).value is None

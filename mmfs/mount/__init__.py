@@ -1,1 +1,1 @@
-"""The mount: its views and tree, mmfs.json, the fusepy adapter and the daemon's lifecycle."""
+"""The mount: its views and tree, mmfs.json, the FUSE adapter and the daemon's lifecycle."""

@@ -141,7 +141,7 @@ XATTR_DOCS = {
     XATTR_PHASE: "on a train sample of a run in phases (and on a file of train/beyond): its phase (index in "
     "mmfs.json's phases.phases, from 0)",
     XATTR_COUNTERS: "on the mount's root: the daemon's counters as JSON (requests by kind, the most READs at once, "
-    "requests to the store in flight)",
+    "requests to the store in flight, the libfuse the mount uses)",
 }
 
 # -- mmfs.json keys a loader reads --------------------------------------------------

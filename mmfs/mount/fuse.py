@@ -1,4 +1,4 @@
-"""The fusepy adapter: kernel requests -> `Tree`, errors -> errno. Nothing else.
+"""The FUSE adapter: kernel requests -> `Tree`, errors -> errno. Nothing else.
 
 Why it is shaped this way (all for speed, the contents never change):
 
@@ -7,11 +7,14 @@ Why it is shaped this way (all for speed, the contents never change):
   (native/mmfs_fuse.c) in the operations table, which hand every other path
   (mmfs.json, symlinks, the directories above the views) to the Python
   handlers below.
-- mmfs builds that operations table itself (`Daemon.operations_table`) from
-  fusepy's ctypes declarations, puts the C handlers in, and checks the result
-  before it mounts (`check_table`): the C handlers are compiled for one layout
-  of libfuse 2's `struct fuse_operations`, the one fusepy FUSEPY_VERSION
-  declares. Anything else refuses to mount, in one line.
+- The library is libfuse 3 or libfuse 2 (mmfs/mount/libfuse.py chooses), the
+  binding mfusepy (fusepy's maintained fork, which declares both layouts of
+  `struct fuse_operations`). mmfs builds the operations table itself
+  (`Daemon.operations_table`) from mfusepy's declarations for the library
+  loaded, puts the C handlers in, and checks the result before it mounts
+  (`check_table`, mount/layouts.py): the C handlers are compiled for
+  libfuse 2.9's and libfuse 3's layouts, as MFUSEPY_VERSION declares them.
+  Anything else refuses to mount, in one line.
 - Only what mmfs answers is in the table: no flush, release, opendir,
   releasedir, fsync or access (libfuse or the kernel handle those).
 - `open` answers ENOSYS. The kernel then stops sending OPEN and RELEASE for
@@ -36,16 +39,15 @@ import logging
 import os
 import signal
 from functools import partial
-from importlib import metadata
 from typing import Any
-
-import fuse as fusepy
 
 from mmfs.errors import MmfsError, MountError
 from mmfs.mount.contract import REPORT, XATTR_COUNTERS
 from mmfs.mount.counters import Counters
 from mmfs.mount.kernel_cache import KernelCache
 from mmfs.mount.latency import LatencyGuard
+from mmfs.mount.layouts import MAJOR, NATIVE_HANDLERS, ConnOptions, check_table, fuse_options, native_address
+from mmfs.mount.libfuse import binding, library
 from mmfs.mount.options import MountOptions
 from mmfs.mount.prefetch import Prefetcher
 from mmfs.mount.repeats import FOLD_SECONDS, FailedReads, FoldedFailures, RepeatFilter
@@ -54,13 +56,9 @@ from mmfs.mount.views import read_failure_parts
 from mmfs.native import check, ffi, lib
 from mmfs.storage.inflight import gate as request_gate
 
+mfusepy = binding()  # mfusepy, bound to the libfuse chosen (MountError if none loads)
 log = logging.getLogger(__name__)
 
-# The fusepy release whose `fuse_operations` the C handlers are installed in
-# (pinned in pyproject.toml), and where libfuse 2.9 has those handlers in its
-# `struct fuse_operations` on a 64-bit Linux (field k at byte 8 k).
-FUSEPY_VERSION = "3.0.1"
-NATIVE_HANDLERS = {"getattr": 0, "read": 15 * 8, "readdir": 26 * 8, "fgetattr": 34 * 8, "ioctl": 39 * 8}
 
 # The data never changes while mounted: let the kernel cache names, attributes
 # and misses for a day.
@@ -85,11 +83,11 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "subtype": "mmfs",
 }
 
-STAT_SIZE = ctypes.sizeof(fusepy.c_stat)
+STAT_SIZE = ctypes.sizeof(mfusepy.c_stat)
 
 
 def _erofs(*_args: Any) -> None:
-    raise fusepy.FuseOSError(errno.EROFS)
+    raise mfusepy.FuseOSError(errno.EROFS)
 
 
 class Operations:
@@ -97,7 +95,7 @@ class Operations:
     that would change the mount. (getattr, read and readdir of the paths the C
     handlers hand over are `Daemon` methods, on libfuse's buffers.)"""
 
-    use_ns = True  # times in nanoseconds (fusepy warns otherwise)
+    use_ns = True  # times in nanoseconds (mfusepy warns otherwise)
 
     def __init__(self, tree: Tree, counters: Counters | None = None) -> None:
         self.tree = tree
@@ -109,25 +107,26 @@ class Operations:
     def _node(self, path: str) -> Any:
         node = self.tree.lookup(path)
         if node is None:
-            raise fusepy.FuseOSError(errno.ENOENT)
+            raise mfusepy.FuseOSError(errno.ENOENT)
         return node
 
     def readlink(self, path: str) -> str:
         target = self.tree.readlink(self._node(path))
         if target is None:
-            raise fusepy.FuseOSError(errno.EINVAL)
+            raise mfusepy.FuseOSError(errno.EINVAL)
         return target
 
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         if path == "/" and name == XATTR_COUNTERS:
-            return json.dumps(self.counters.read(), sort_keys=True).encode()
+            counters = {**self.counters.read(), "libfuse": library().as_json()}  # the library's home
+            return json.dumps(counters, sort_keys=True).encode()
         try:
             value = self.tree.xattr(self._node(path), name)
         except MmfsError as exc:  # the file cannot be read: say why, answer EIO
             log.error("getxattr %s %s: %s", path, name, exc)
-            raise fusepy.FuseOSError(errno.EIO) from None
+            raise mfusepy.FuseOSError(errno.EIO) from None
         if value is None:
-            raise fusepy.FuseOSError(errno.ENODATA)
+            raise mfusepy.FuseOSError(errno.ENODATA)
         return value
 
     def listxattr(self, path: str) -> list[str]:
@@ -142,7 +141,7 @@ class Operations:
     setxattr = removexattr = _erofs
 
 
-# The table entries answered by Python: fusepy's marshalling methods (which
+# The table entries answered by Python: mfusepy's marshalling methods (which
 # call Operations) and the Daemon's own buffer-level ones.
 PYTHON_HANDLERS = (
     "readlink", "open", "statfs", "getxattr", "listxattr",
@@ -151,10 +150,10 @@ PYTHON_HANDLERS = (
 )
 
 
-class Daemon(fusepy.FUSE):
-    """fusepy's request marshalling with mmfs's own operations table.
+class Daemon(mfusepy.FUSE):
+    """mfusepy's request marshalling with mmfs's own operations table.
 
-    fusepy's FUSE.__init__ builds a table and starts libfuse in one call, with
+    mfusepy's FUSE.__init__ builds a table and starts libfuse in one call, with
     no say over the table; mmfs does not call it. `serve` builds the table
     (`operations_table`), checks it and runs libfuse's loop itself."""
 
@@ -162,8 +161,9 @@ class Daemon(fusepy.FUSE):
         self.operations = operations
         self.raw_fi = False
         self.encoding = "utf-8"
+        self.errors = "surrogateescape"
         self.use_ns = True
-        self._FUSE__critical_exception = None  # fusepy's _wrapper records failures here
+        self._FUSE__critical_exception = None  # mfusepy's _wrapper records failures here
         self._tree = operations.tree
         self._stats: dict[Any, Any] = {}
         self._keep: list[Any] = []
@@ -175,20 +175,28 @@ class Daemon(fusepy.FUSE):
 
     # -- the table ---------------------------------------------------------------
 
-    def operations_table(self) -> fusepy.fuse_operations:
+    def operations_table(self) -> mfusepy.fuse_operations:
         """The libfuse operations table: the C handlers for the views, Python
         for the rest; every C handler's Python fallback kept alive here."""
-        table = fusepy.fuse_operations()
-        prototypes = {field[0]: field[1] for field in fusepy.fuse_operations._fields_}
+        table = mfusepy.fuse_operations()
+        prototypes = {field[0]: field[1] for field in mfusepy.fuse_operations._fields_}
         for name in PYTHON_HANDLERS:
-            handler = prototypes[name](partial(self._counted, name, getattr(self, name)))
+            # mfusepy's marshalling for this library: name_fuse_3 / name_fuse_2 where they differ
+            method = getattr(self, f"{name}_fuse_{MAJOR}", None) or getattr(self, name)
+            handler = prototypes[name](partial(self._counted, name, method))
             setattr(table, name, handler)
             self._keep.append(handler)
-        python = {  # what the C handlers hand over to
-            "getattr": prototypes["getattr"](lambda path, buf: self.fgetattr(path, buf, None)),
-            "fgetattr": prototypes["fgetattr"](self.fgetattr),
+        # What the C handlers hand over to, in libfuse 2's shapes (mmfs_fuse.h) whichever
+        # library: readdir's filler as the loaded library declares it.
+        filler = prototypes["readdir"]._argtypes_[2]
+        python = {
+            "getattr": ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(
+                lambda path, buf: self.fgetattr(path, buf, None)),
+            "fgetattr": ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p)(
+                self.fgetattr),
             "read": prototypes["read"](self.read),
-            "readdir": prototypes["readdir"](self.readdir),
+            "readdir": ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, filler,
+                                        ctypes.c_int64, ctypes.c_void_p)(self.readdir),
         }
         python["read_failed"] = ctypes.CFUNCTYPE(
             ctypes.c_int, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_size_t, ctypes.c_int64,
@@ -237,7 +245,7 @@ class Daemon(fusepy.FUSE):
         return 0
 
     def _make_stat(self, a: Any) -> Any:
-        st = fusepy.c_stat()
+        st = mfusepy.c_stat()
         st.st_mode = a.mode
         st.st_nlink = a.nlink
         st.st_size = a.size
@@ -291,15 +299,16 @@ class Daemon(fusepy.FUSE):
             node = self._tree.lookup(path.decode("utf-8", "surrogateescape"))
             if not isinstance(node, Dir):
                 return -errno.ENOTDIR if node is not None else -errno.ENOENT
-            kinds = {mode: fusepy.c_stat(st_mode=mode) for mode in (FILE_MODE, DIR_MODE, LINK_MODE)}
+            kinds = {mode: mfusepy.c_stat(st_mode=mode) for mode in (FILE_MODE, DIR_MODE, LINK_MODE)}
+            flags = (0,) if MAJOR == 3 else ()  # libfuse 3's filler takes fuse_fill_dir_flags
             pos = offset
             while pos < 2:
                 pos += 1
-                if filler(buf, (b".", b"..")[pos - 1], kinds[DIR_MODE], pos):
+                if filler(buf, (b".", b"..")[pos - 1], kinds[DIR_MODE], pos, *flags):
                     return 0
             for name, mode in self._tree.entries(node, pos - 2):
                 pos += 1
-                if filler(buf, name.encode("utf-8", "surrogateescape"), kinds[mode], pos):
+                if filler(buf, name.encode("utf-8", "surrogateescape"), kinds[mode], pos, *flags):
                     break
             return 0
         except Exception:
@@ -311,44 +320,41 @@ class Daemon(fusepy.FUSE):
     def serve(self, mountpoint: str, foreground_args: list[str], options: dict[str, Any]) -> None:
         table = self.operations_table()
         check_table(table)
+        log.info("%s", library().describe())
         log.info("served in C: %s", ", ".join(v.path for v in self._tree.registry.views) or "nothing")
-        args = ["mmfs", *foreground_args, "-o", ",".join(self._normalize_fuse_options(**options)),
-                mountpoint]
-        argv = (ctypes.c_char_p * len(args))(*[a.encode() for a in args])
+        conn = ConnOptions()
+        args = conn.take(["mmfs", *foreground_args, "-o", ",".join(fuse_options(options)), mountpoint])
+        if MAJOR == 3:  # the connection options libfuse 3's main leaves to init; its signals
+            prototype = dict(f[:2] for f in mfusepy.fuse_operations._fields_)["init"]
+            table.init = prototype(lambda conn_info, config: _init3(conn, conn_info))
+            self._keep += [table.init, conn]
+        argv = (ctypes.c_char_p * len(args))(*args)
         # libfuse installs its SIGINT/SIGTERM handlers (which unmount) only over
         # the default ones; Python's own SIGINT handler would keep it from that.
         previous = signal.signal(signal.SIGINT, signal.SIG_DFL)
         try:
-            err = fusepy._libfuse.fuse_main_real(len(args), argv, ctypes.pointer(table),
-                                                 ctypes.sizeof(table), None)
+            err = mfusepy._libfuse.fuse_main_real(len(args), argv, ctypes.pointer(table),
+                                                 ctypes.c_size_t(ctypes.sizeof(table)), None)
         finally:
             signal.signal(signal.SIGINT, previous)
+            for sig in (signal.SIGTERM, signal.SIGHUP):  # as libfuse leaves them (3: mmfs's watcher is there)
+                signal.signal(sig, signal.SIG_DFL)
+        if err == LIBFUSE3_LOOP_ERROR and MAJOR == 3 and lib.mmfs_fuse_signal():
+            log.info("signal %d: unmounting", lib.mmfs_fuse_signal())  # libfuse 3 unmounted; not a failure
+            err = 0
         if err:
             raise MountError(f"{mountpoint}: libfuse could not mount or serve it (code {err}; "
                              "its own message says why): check the -o options")
 
 
-def native_address(name: str) -> int:
-    """The address of the C handler for table entry `name`."""
-    return int(ffi.cast("uintptr_t", ffi.addressof(lib, f"mmfs_fuse_{name}")))
+# What libfuse 3's main returns when its loop ended with an error, a signal included.
+LIBFUSE3_LOOP_ERROR = 8
 
 
-def check_table(table: Any, fusepy_version: str | None = None) -> None:
-    """Refuse (MountError, one line) unless `table` holds the C handlers where
-    libfuse 2 looks for them: the pinned fusepy, its layout, the addresses."""
-    version = fusepy_version or metadata.version("fusepy")
-    fix = f"reinstall it: pip install 'fusepy=={FUSEPY_VERSION}'"
-    if version != FUSEPY_VERSION:
-        raise MountError(f"fusepy {version} is installed, but mmfs's C handlers are built for "
-                         f"fusepy {FUSEPY_VERSION}'s operations table; {fix}")
-    if ctypes.sizeof(type(table)) < max(NATIVE_HANDLERS.values()) + 8:
-        raise MountError(f"fusepy's libfuse declarations do not match this platform; {fix}")
-    for name, offset in NATIVE_HANDLERS.items():
-        declared = getattr(type(table), name).offset
-        address = ctypes.cast(getattr(table, name), ctypes.c_void_p).value
-        if declared != offset or address != native_address(name):
-            raise MountError(f"the FUSE operations table does not hold mmfs's C handler for "
-                             f"{name} (at byte {declared}, expected {offset}); {fix}")
+def _init3(conn: ConnOptions, conn_info: Any) -> None:
+    """libfuse 3's init: the connection options, and the signal watcher (mmfs_fuse.h)."""
+    conn.apply(conn_info)
+    lib.mmfs_fuse_watch_signals()
 
 
 def view_finder(tree: Tree):
@@ -365,7 +371,7 @@ def view_finder(tree: Tree):
 
 def serve(tree: Tree, mountpoint: str, options: MountOptions | None = None) -> None:
     """Mount `tree` on `mountpoint` and answer requests until it is unmounted
-    (fusermount -u, SIGINT, SIGTERM). Runs in the calling process.
+    (fusermount3 -u / fusermount -u, SIGINT, SIGTERM). Runs in the calling process.
 
     `options.fuse` are libfuse mount options on top of DEFAULT_OPTIONS;
     `map_limit_mb` acted when the corpus was opened."""

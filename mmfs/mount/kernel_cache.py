@@ -1,6 +1,7 @@
-"""Telling the kernel to forget what it cached of a file that changed: libfuse 2's
-fuse_lowlevel_notify_inval_entry (fusepy declares none of these calls). The one file
-of a mount that changes is report.html (a note while the page is made, then the page:
+"""Telling the kernel to forget what it cached of a file that changed: libfuse's
+fuse_lowlevel_notify_inval_entry (mfusepy declares none of these calls), which libfuse 2
+takes on the session's channel and libfuse 3 on the session itself. The one file of a
+mount that changes is report.html (a note while the page is made, then the page:
 mmfs/mount/report_file.py); the kernel holds every size for a day otherwise."""
 
 from __future__ import annotations
@@ -10,19 +11,21 @@ import errno
 import logging
 import os
 
-import fuse as fusepy
+from mmfs.mount.libfuse import binding, library
 
 log = logging.getLogger(__name__)
 ROOT_NODE = 1  # FUSE_ROOT_ID: the node id of the mount's root
 
-_libfuse = fusepy._libfuse
+_libfuse = binding()._libfuse
+_V3 = library().major == 3
 try:  # (libfuse >= 2.8)
     _libfuse.fuse_get_session.restype = ctypes.c_void_p
     _libfuse.fuse_get_session.argtypes = [ctypes.c_void_p]
-    _libfuse.fuse_session_next_chan.restype = ctypes.c_void_p
-    _libfuse.fuse_session_next_chan.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    if not _V3:
+        _libfuse.fuse_session_next_chan.restype = ctypes.c_void_p
+        _libfuse.fuse_session_next_chan.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     _libfuse.fuse_lowlevel_notify_inval_entry.restype = ctypes.c_int
-    _libfuse.fuse_lowlevel_notify_inval_entry.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_char_p,
+    _libfuse.fuse_lowlevel_notify_inval_entry.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p,
                                                           ctypes.c_size_t]
     NOTIFIES = True
 except AttributeError:
@@ -30,7 +33,7 @@ except AttributeError:
 
 
 class KernelCache:
-    """The kernel's cache of one mount, as libfuse's channel to it reaches it."""
+    """The kernel's cache of one mount, as libfuse's channel (2) or session (3) reaches it."""
 
     def __init__(self) -> None:
         self._channel: int | None = None
@@ -42,7 +45,10 @@ class KernelCache:
             context = _libfuse.fuse_get_context()
             fuse = context.contents.fuse if context else None
             session = _libfuse.fuse_get_session(fuse) if fuse else None
-            self._channel = _libfuse.fuse_session_next_chan(session, None) if session else None
+            if _V3 or not session:
+                self._channel = session
+            else:
+                self._channel = _libfuse.fuse_session_next_chan(session, None)
 
     def forget_root_entry(self, name: str) -> None:
         """Have the kernel drop its entry of the root's file `name`, and with it the size it

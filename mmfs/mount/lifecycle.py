@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmfs.errors import MmfsError, MountError
+from mmfs.mount.libfuse import fusermount
 from mmfs.mount.options import MountOptions, parse_mount_options
 from mmfs.storage import close_range_caches
 
@@ -338,13 +339,14 @@ def unmount(mountpoint: str, lazy: bool = False) -> None:
         raise MountError(
             f"{mountpoint}: a {s.fstype} file system is mounted there, not mmfs; use umount"
         )
-    tool = shutil.which("fusermount") or shutil.which("fusermount3")
+    tool = fusermount()  # fusermount3 or fusermount, the one of the libfuse mmfs serves with
     if tool:
         cmd = [tool, "-uz" if lazy else "-u", mountpoint]
     elif os.geteuid() == 0:
         cmd = ["umount", "-l", mountpoint] if lazy else ["umount", mountpoint]
     else:
-        raise MountError("fusermount is not installed; install the `fuse` package (apt-get install fuse)")
+        raise MountError("neither fusermount3 nor fusermount is installed; install the `fuse3` package "
+                         "(apt-get install fuse3)")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         why = (proc.stderr or proc.stdout).strip().splitlines()

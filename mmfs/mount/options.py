@@ -20,7 +20,7 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 @dataclass(frozen=True)
 class MountOptions:
-    """threads:      fusepy's multithreaded loop instead of the single thread
+    """threads:      libfuse's multithreaded loop instead of the single thread
                      (slower for local data, see docs/benchmarks.md; None: only
                      when a dataset is in object storage, where reads wait on the
                      network and must not wait on each other)
@@ -64,7 +64,7 @@ def options_help() -> str:
 
 
 # mmfs's own flags; `nothreads` and `foreground` are accepted (and dropped) for
-# the command lines of fusepy's own examples.
+# the command lines of fusepy's (and mfusepy's) own examples.
 _FLAGS = ("threads", "low_latency", "nothreads", "foreground")
 # mmfs's own numbers: the least each takes, and what it counts.
 _COUNTS = {"map_limit_mb": (0, "megabytes"), "open_files": (8, "files")}
