@@ -7,12 +7,17 @@ TESTS := $(VENV)/.installed-test
 
 .PHONY: demo test install install-test system-deps browser bench clean report-png
 
+# FUSE: fuse3 (fusermount3, libfuse3) and libfuse 2 beside it, so either library can serve
+# (mmfs prefers libfuse 3; tests/test_libfuse.py mounts with each). Debian's and Ubuntu's
+# fuse3 replaces the fuse package and links fusermount to fusermount3; libfuse 2 is
+# libfuse2 on Debian 12 and libfuse2t64 on Ubuntu 24.04 (universe).
 system-deps:
-	@command -v fusermount >/dev/null 2>&1 || { \
-	  echo "installing the Debian fuse package (fusermount, libfuse2)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse libfuse2 >/dev/null; }
-	@ldconfig -p | grep -q 'libfuse.so.2' || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfuse2 >/dev/null; }
+	@{ command -v fusermount3 >/dev/null 2>&1 && ldconfig -p | grep -q 'libfuse3.so.3 ' && \
+	   ldconfig -p | grep -q 'libfuse.so.2 '; } || { \
+	  apt-get update -qq; \
+	  lib2=$$(apt-cache show libfuse2t64 >/dev/null 2>&1 && echo libfuse2t64 || echo libfuse2); \
+	  echo "installing fuse3 (fusermount3, libfuse3-3) and $$lib2 (libfuse 2)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-3 $$lib2 >/dev/null; }
 	@command -v getfattr >/dev/null 2>&1 || { \
 	  echo "installing the Debian attr package (getfattr, used in the docs' examples)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq attr >/dev/null; }
@@ -24,7 +29,7 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    chromium fonts-liberation >/dev/null; }
 
-# Two stamps: the core (mmfs and what it imports: numpy, cffi, PyYAML, fusepy) for the
+# Two stamps: the core (mmfs and what it imports: numpy, cffi, PyYAML, mfusepy) for the
 # demo, and the test extras on top for the tests. The test stamp needs the core built
 # first (order-only: a rebuilt core does not make the extras reinstall), so `make demo`
 # then `make test` adds the extras, and `make test` then `make demo` changes nothing.
