@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import threading
 import time
 from pathlib import Path
+
+# fusermount3 (fuse3) where installed, else fusermount: either unmounts any FUSE mount.
+FUSERMOUNT = shutil.which("fusermount3") or "fusermount"
 
 # What s3fs keeps free; it starts only with ~50 MB beyond it free (its multipart buffers).
 S3FS_RESERVE_MB = 256
@@ -35,9 +39,9 @@ def _wait_mounted(path: Path, proc: subprocess.Popen, what: str, seconds: float 
 
 
 def _unmount(path: Path, proc: subprocess.Popen) -> None:
-    if subprocess.run(["fusermount", "-u", str(path)], check=False, capture_output=True).returncode:
+    if subprocess.run([FUSERMOUNT, "-u", str(path)], check=False, capture_output=True).returncode:
         # still busy (a reader's daemon exiting): detach it, so no dead mount is left behind
-        subprocess.run(["fusermount", "-u", "-z", str(path)], check=False, capture_output=True)
+        subprocess.run([FUSERMOUNT, "-u", "-z", str(path)], check=False, capture_output=True)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
     if proc.poll() is None:

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +34,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from s3_bench_common import BUCKET, DP, KEY, MBS, ensure_data, localbucket, mmfs_cli, write_config  # noqa: E402
 from s3_server import CREDENTIALS, FaultProxy  # noqa: E402
+
+# fusermount3 (fuse3) where installed, else fusermount: either unmounts any FUSE mount.
+FUSERMOUNT = shutil.which("fusermount3") or "fusermount"
 
 
 def one_round(work: Path, proxy: FaultProxy, n: int, max_requests: int, env: dict) -> dict:
@@ -60,7 +64,7 @@ def one_round(work: Path, proxy: FaultProxy, n: int, max_requests: int, env: dic
         for t in pool:
             t.join()
     finally:
-        subprocess.run(["fusermount", "-u", str(mnt)], check=False)
+        subprocess.run([FUSERMOUNT, "-u", str(mnt)], check=False)
         with contextlib.suppress(ProcessLookupError):
             for _ in range(100):
                 os.kill(pid, 0)
