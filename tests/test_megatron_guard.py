@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_megatron_provider import megatron_args, provide
 
 from golden_cases import write_case_config
 from mmfs.adapters.megatron_copy import copy_job_files
 from mmfs.loader import LoaderError, Mount
 from mmfs.loader.copy_check import COPY_MANIFEST
 from mount_fixtures import mount_in
-from test_megatron_provider import megatron_args, provide
 
 DP, MBS = 2, 2
 
