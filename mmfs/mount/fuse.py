@@ -41,7 +41,7 @@ from typing import Any
 
 import fuse as fusepy
 
-from mmfs.errors import MmfsError, MountError
+from mmfs.errors import MmfsError, MountError, first_few
 from mmfs.mount.contract import REPORT, XATTR_COUNTERS
 from mmfs.mount.counters import Counters
 from mmfs.mount.kernel_cache import KernelCache
@@ -311,7 +311,7 @@ class Daemon(fusepy.FUSE):
     def serve(self, mountpoint: str, foreground_args: list[str], options: dict[str, Any]) -> None:
         table = self.operations_table()
         check_table(table)
-        log.info("served in C: %s", ", ".join(v.path for v in self._tree.registry.views) or "nothing")
+        log.info("served in C: %s", first_few([v.path for v in self._tree.registry.views]) or "nothing")
         args = ["mmfs", *foreground_args, "-o", ",".join(self._normalize_fuse_options(**options)),
                 mountpoint]
         argv = (ctypes.c_char_p * len(args))(*[a.encode() for a in args])
