@@ -210,3 +210,12 @@ def test_a_bad_number_in_the_job_s_arguments_is_one_line(mount, capsys, name, va
 @pytest.mark.parametrize("samples", [(float("nan"), 0, 0), (40, None, "x"), (40,)])
 def test_bad_sample_counts_are_one_line(mount, capsys, samples):
     refused(capsys, mount.path, job(mount), samples=samples)
+
+
+@pytest.mark.parametrize("name, value", [("rampup_batch_size", float("nan")), ("rampup_batch_size", ["8", "x", "1"]),
+                                         ("rampup_batch_size", [8, 8]), ("phase_transition_iterations", "3,x"),
+                                         ("phase_transition_iterations", 7), ("step_batch_size_schedule", 5)])
+def test_a_bad_list_or_schedule_argument_is_one_line(mount, capsys, name, value):
+    args = job(mount)
+    setattr(args, name, value)
+    assert f"the job's --{name.replace('_', '-')}" in refused(capsys, mount.path, args)

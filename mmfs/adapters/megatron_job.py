@@ -65,9 +65,37 @@ def checked_args(args: Any) -> Any:
             given[name] = default
             continue
         given[name] = whole_number(value, f"the job's {flag}", least)
+    given["rampup_batch_size"] = _numbers(given.get("rampup_batch_size"), "--rampup-batch-size", 3)
+    transitions = given.get("phase_transition_iterations")
+    if isinstance(transitions, str):  # as given, before Megatron's validate_args parses it
+        transitions = [w.strip() for w in transitions.split(",")]
+        if not all(w.isdigit() for w in transitions):
+            raise MegatronJobError(f"the job's --phase-transition-iterations is "
+                                   f"{given['phase_transition_iterations']!r}: expected iterations separated by commas")
+        transitions = sorted(int(w) for w in transitions)
+    given["phase_transition_iterations"] = _numbers(transitions, "--phase-transition-iterations", None)
+    schedule = given.get("step_batch_size_schedule")
+    if schedule is not None and not isinstance(schedule, str):
+        raise MegatronJobError(f"the job's --step-batch-size-schedule is {schedule!r}: expected a string of "
+                               "THRESHOLD:BATCH_SIZE entries")
     if given.get("global_batch_size") is None and not given.get("step_batch_size_schedule"):
         raise MegatronJobError("the job's --global-batch-size is None: give it (or --step-batch-size-schedule)")
     return types.SimpleNamespace(**given)
+
+
+def _numbers(value: Any, flag: str, count: int | None) -> list[int] | None:
+    """A list argument of whole numbers (`count` of them), None or empty for none."""
+    if value is None or (isinstance(value, (list, tuple)) and not value):
+        return None
+    if not isinstance(value, (list, tuple)) or (count is not None and len(value) != count):
+        raise MegatronJobError(f"the job's {flag} is {value!r}: expected "
+                               f"{'a list of' if count is None else count} whole numbers")
+    out = []
+    for v in value:
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v)
+        out.append(whole_number(v, f"the job's {flag} entry", 0))
+    return out
 
 
 def checked_samples(train_val_test_num_samples: Any) -> list[int]:
