@@ -309,11 +309,18 @@ def copy_reads(mount: Mount, args: Any, split: str, wanted: int, start: int, gro
     that a short copy is refused up front; the stream goes on lazily past them."""
     if split == "train":
         wanted = _train_samples_needed(mount, args, wanted)
+    elif relaunch_phase(mount, args) is not None:
+        return files  # a relaunch's own valid and test: Megatron's count is the whole run's, not this launch's
     need = max(wanted - start, 0) // group
-    first = list(itertools.islice(files, need))
+    first: list[str] = []
+    why = ""
+    try:
+        first.extend(itertools.islice(files, need))
+    except LoaderError as exc:
+        why = f" ({exc})"
     if len(first) < need:
         raise MegatronJobError(f"{mount.path}: the copy holds {len(first)} of the {need} micro-batches this rank "
-                               f"reads of {split} from consumed_samples {start} ({wanted} samples in all): copy "
+                               f"reads of {split} from consumed_samples {start} ({wanted} samples in all){why}: copy "
                                "what the job reads (mmfs.adapters.megatron_copy.copy_job_files, its reads) again")
     return itertools.chain(first, files)
 
