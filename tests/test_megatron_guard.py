@@ -219,3 +219,43 @@ def test_a_bad_list_or_schedule_argument_is_one_line(mount, capsys, name, value)
     args = job(mount)
     setattr(args, name, value)
     assert f"the job's --{name.replace('_', '-')}" in refused(capsys, mount.path, args)
+
+
+# the recorded launch line of tests/reference/megatron_iterators.json's cases, its data relative
+LAUNCH = ("--tokenizer-type NullTokenizer --vocab-size 50256 --seed 1234 --seq-length 128 --micro-batch-size 2 "
+          "--global-batch-size 16 --eval-interval 10 --eval-iters 2 --train-iters 20 "
+          "--data-path 0.7 data/u16_docs 0.3 data/u16_small --split 90,8,2 --world-size 4")
+
+
+def test_the_mount_of_a_launch_line_fits_that_line_s_arguments_and_no_other(tmp_path, capsys):
+    """The config `mmfs config --from-megatron` writes of a launch line, mounted; the
+    provider given the arguments Megatron's parse_args makes of that line (data_path a
+    list of words as written, split a string, seed and vocab_size ints) serves; each
+    data argument changed is refused naming both values."""
+    from mmfs.cli import main
+    from test_megatron_provider import DATA
+
+    (tmp_path / "data").symlink_to(DATA, target_is_directory=True)
+    (tmp_path / "launch.args").write_text(LAUNCH + " --data-cache-path cache\n")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main(["config", "--from-megatron", "@launch.args"]) == 0
+    finally:
+        os.chdir(cwd)
+    (tmp_path / "run.yaml").write_text(capsys.readouterr().out)
+    args = dict(seq_length=128, micro_batch_size=2, global_batch_size=16, seed=1234, split="90,8,2",
+                data_path=["0.7", "data/u16_docs", "0.3", "data/u16_small"], tokenizer_type="NullTokenizer",
+                vocab_size=50256)
+    with contextlib.ExitStack() as stack:
+        m = Mount(mount_in(stack, tmp_path / "run.yaml", tmp_path / "mnt"))
+        assert provide(m.path, megatron_args(**args), 1, 4, (320, 0, 0))[0] is not None
+        for change, words in (({"seed": 77}, "the mount's seed is 1234, the job's --seed 77"),
+                              ({"split": "80,10,10"}, "the mount's split is '90,8,2', the job's --split '80,10,10'"),
+                              ({"data_path": ["0.3", "data/u16_docs", "0.7", "data/u16_small"]},
+                               "the mount's datasets are [data/u16_docs (weight 0.7), data/u16_small (weight 0.3)]"),
+                              ({"vocab_size": 32000}, "vocab_size 50256, the job's --vocab-size 32000")):
+            with pytest.raises(SystemExit):
+                provide(m.path, megatron_args(**{**args, **change}), 1, 4, (320, 0, 0))
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and words in err, err

@@ -233,6 +233,12 @@ def _check_tokenizer(cfg: dict, values: dict, where: str) -> None:
     if mine.get("type") and kind and kind != mine["type"]:
         raise MegatronJobError(f"{where}: the mount's tokenizer is {mine['type']}, the job's --tokenizer-type {kind}: "
                                "give the job the mount's tokenizer or mount a config with the job's")
+    vocab = values.get("--vocab-size")
+    if kind == "NullTokenizer" and not mine.get("type") and vocab and mine.get("vocab_size") is not None \
+            and str(mine["vocab_size"]) != vocab:  # `mmfs config` of a NullTokenizer line: its identifiers
+        raise MegatronJobError(f"{where}: the mount's tokenizer has vocab_size {mine['vocab_size']}, the job's "
+                               f"--vocab-size {vocab} (NullTokenizer): give the job the mount's or mount a config "
+                               "with the job's")
     for key, flag in (("model", "--tokenizer-model"), ("vocab_file", "--vocab-file"), ("merge_file", "--merge-file")):
         job = values.get(flag)
         if mine.get(key) and job and not _same_path(job, str(mine[key]), base):
