@@ -232,8 +232,9 @@ def test_the_mount_of_a_launch_line_fits_that_line_s_arguments_and_no_other(tmp_
     provider given the arguments Megatron's parse_args makes of that line (data_path a
     list of words as written, split a string, seed and vocab_size ints) serves; each
     data argument changed is refused naming both values."""
-    from mmfs.cli import main
     from test_megatron_provider import DATA
+
+    from mmfs.cli import main
 
     (tmp_path / "data").symlink_to(DATA, target_is_directory=True)
     (tmp_path / "launch.args").write_text(LAUNCH + " --data-cache-path cache\n")
