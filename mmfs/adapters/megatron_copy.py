@@ -11,9 +11,11 @@ The copy holds mmfs.json, each rank's micro-batch files of the streams the job r
 phase's own valid or test with a fourth entry, its phase: `<split>/phases/<PPP>/streams/`),
 and mmfs-attributes.json, the extended attributes the loader reads that a copy may
 lose (`user.mmfs.samples` of each micro-batch file, `user.mmfs.pieces` of each of their
-samples). Copying again into the same folder adds to it (one call per launch of a
-job relaunched at its phase transitions). A job that reads further than the copy
-finds no more files.
+samples), and, written last, mmfs-copy.json, the copy's manifest (every file's size
+and SHA-256, every stream folder's files and first and last sample: what
+mmfs/loader/copy_check.py checks before a job trains on it). Copying again into the
+same folder adds to it (one call per launch of a job relaunched at its phase
+transitions). A job that reads further than the copy is refused before it starts.
 """
 
 from __future__ import annotations
