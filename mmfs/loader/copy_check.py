@@ -32,7 +32,7 @@ COPY_MANIFEST = "mmfs-copy.json"
 COPY_FORMAT = "mmfs-copy 1"
 DIGEST = "sha256"
 AGAIN = "copy the folder again (mmfs.adapters.megatron_copy.copy_job_files)"
-MOUNT_FSTYPE = "fuse.mmfs"  # a mount's file system type, as the kernel lists it
+MOUNT_FSTYPE = f"fuse.{contract.FS_SUBTYPE}"  # a mount's file system type, as the kernel lists it
 
 
 def digest(data: bytes | bytearray | memoryview) -> str:

@@ -42,7 +42,7 @@ from typing import Any
 import fuse as fusepy
 
 from mmfs.errors import MmfsError, MountError, first_few
-from mmfs.mount.contract import REPORT, XATTR_COUNTERS
+from mmfs.mount.contract import FS_SUBTYPE, REPORT, XATTR_COUNTERS
 from mmfs.mount.counters import Counters
 from mmfs.mount.kernel_cache import KernelCache
 from mmfs.mount.latency import LatencyGuard
@@ -82,7 +82,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "negative_timeout": CACHE_SECONDS,
     "max_background": MAX_BACKGROUND,
     "congestion_threshold": CONGESTION_THRESHOLD,
-    "subtype": "mmfs",
+    "subtype": FS_SUBTYPE,
 }
 
 STAT_SIZE = ctypes.sizeof(fusepy.c_stat)
