@@ -260,3 +260,16 @@ def test_the_mount_of_a_launch_line_fits_that_line_s_arguments_and_no_other(tmp_
                 provide(m.path, megatron_args(**{**args, **change}), 1, 4, (320, 0, 0))
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and words in err, err
+
+
+def test_no_data_sharding_against_a_sharded_cyclic_mount_is_refused(tmp_path, capsys):
+    config = write_case_config("p2_blend2_u16", tmp_path / "config")
+    raw = yaml.safe_load(config.read_text())
+    raw["training"] = {"data_parallel_size": DP, "micro_batch_size": MBS, "global_batch_size": 8,
+                       "dataloader_type": "cyclic"}
+    config.write_text(yaml.safe_dump(raw))
+    with contextlib.ExitStack() as stack:
+        m = Mount(mount_in(stack, config, tmp_path / "mnt"))
+        assert provide(m.path, job(m, data_sharding=True), 0, DP, (40, 0, 0))[0] is not None
+        err = refused(capsys, m.path, job(m, data_sharding=False))
+        assert "the mount's sampler is cyclic with data_sharding, the job's --no-data-sharding" in err

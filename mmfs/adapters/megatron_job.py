@@ -133,6 +133,13 @@ def check_identity(mount: Mount, args: Any) -> None:
     if section is not None:  # a job that names no data (the mount is its data) has nothing to compare
         _check_data(cfg, section, where)
     _check_tokenizer(cfg, values, where)
+    # the sampler: a job on the mount says external; only its --no-data-sharding can
+    # contradict the mount's cyclic sampler (the flag's default says nothing)
+    sampler = (mount.training or {}).get("sampler")
+    if "--no-data-sharding" in values and sampler == "sharded":
+        raise MegatronJobError(f"{where}: the mount's sampler is cyclic with data_sharding, the job's "
+                               "--no-data-sharding: mount a config with training.data_sharding: false, or leave "
+                               "the flag out")
 
 
 def _job_blend(words: list[str], flag: str) -> list[dict]:
