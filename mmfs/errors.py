@@ -65,3 +65,14 @@ def descriptors_exhausted(exc: BaseException) -> str | None:
                 "limit (limits.conf, or the service's LimitNOFILE) and run again")
     return (f"{what}: too many open files (`ulimit -n` is {soft}); raise it, e.g. `ulimit -n {wanted}`, "
             "and run again")
+
+
+SHOWN = 5  # items a message or log line lists before it summarises the rest
+
+
+def first_few(items: list[str], sep: str = ", ", shown: int = SHOWN) -> str:
+    """`items` joined, or, past `shown`, the first few and a count: one line stays short
+    at ten thousand datasets."""
+    if len(items) <= shown:
+        return sep.join(items)
+    return f"{sep.join(items[:shown])}{sep}... ({len(items):,} in all)"

@@ -41,3 +41,10 @@ def test_make_data_writes_a_dataset_and_configs(tmp_path):
     assert int(ds.get(0)[-1]) == 65535  # every document ends with eod
     for path in configs:
         assert load_config(path).sequence_length in (4096, 256)
+
+
+def test_a_reader_count_past_the_bound_is_one_line(tmp_path):
+    config = write_case_config("p2_blend2_u16", tmp_path / "config")
+    proc = mmfs("bench", config, "-n", "10", "--readers", "999999999999")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "at most 256 reader processes" in proc.stderr, proc.stderr

@@ -5,6 +5,7 @@ the mount's other files; serving never waits for it."""
 import os
 import time
 
+import pytest
 import yaml
 
 from golden_cases import write_case_config
@@ -113,3 +114,47 @@ def test_mount_of_a_run_in_phases_serves_its_report(tmp_path):
         assert main(["-q", "report", str(m.path), "-o", str(tmp_path / "of-mount.html")]) == 0
     assert data == (tmp_path / "of-mount.html").read_bytes()
     assert data.count(b"<h3 class='phase'") == 3
+
+
+# training blocks with a batch-size schedule (its size rule rides in the pickled snapshot)
+SCHEDULES = {
+    "step": {"data_parallel_size": 2, "micro_batch_size": 2, "step_batch_size_schedule": "0:8 2048:16"},
+    "rampup": {"data_parallel_size": 2, "micro_batch_size": 2, "global_batch_size": 16,
+               "rampup_batch_size": [8, 4, 64]},
+}
+
+
+@pytest.mark.parametrize("kind", list(SCHEDULES))
+def test_report_html_of_a_config_with_a_batch_size_schedule_is_the_page(tmp_path, kind):
+    path = write_case_config("p2_blend2_u16", tmp_path)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["training"] = SCHEDULES[kind]
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["-q", "report", str(path), "-o", str(tmp_path / "cli.html")]) == 0
+    with mounted(path, tmp_path / "mnt") as m:
+        data = read_page(m.file("report.html"))
+    assert b"could not be made" not in data and b"pickle" not in data
+    assert data == (tmp_path / "cli.html").read_bytes()
+
+
+def test_unmounting_while_the_page_is_made_leaves_no_temporary_folder(tmp_path, monkeypatch):
+    """The page maker is held when the mount ends: the child is ended and its private
+    folder (the pickled snapshot) removed with it."""
+    gate, tmp = tmp_path / "gate", tmp_path / "tmp"
+    gate.mkdir()
+    tmp.mkdir()
+    (gate / "sitecustomize.py").write_text(HOLD)
+    held, release = tmp_path / "held", tmp_path / "release"
+    monkeypatch.setenv("PYTHONPATH", str(gate))
+    monkeypatch.setenv("MMFS_TEST_HELD", str(held))
+    monkeypatch.setenv("MMFS_TEST_RELEASE", str(release))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    config = _config(tmp_path)
+    try:
+        with mounted(config, tmp_path / "mnt") as m:
+            assert os.stat(m.file("report.html")).st_size == len(BEING_MADE)
+            wait_until(held.exists, "page maker child")
+            assert [p.name for p in tmp.glob("mmfs-report-*/config.pickle")]  # the child's folder, in use
+        assert not list(tmp.iterdir()), list(tmp.rglob("*"))
+    finally:
+        release.touch()

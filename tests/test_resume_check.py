@@ -120,6 +120,8 @@ def test_user_errors_are_one_line(tmp_path):
         ((config, "--consumed", 3, "--to", "dp=2,mbs=1"), "not a multiple of the old layout"),
         ((config, "--consumed", -8, "--to", "dp=2,mbs=1"), "cannot be negative"),
         ((config, "--consumed", 8, "--to", "dp=16385,mbs=1"), "16384"),
+        ((config, "--consumed", 8, "--to", f"dp=1,mbs={2**63}"), "more than 1,099,511,627,776 samples per step"),
+        ((config, "--consumed", 8, "--to", f"dp=2,mbs={2**62}"), "more than 1,099,511,627,776 samples per step"),
         ((bare, "--consumed", 8, "--to", "dp=2,mbs=1"), "training: missing"),
         ((tmp_path / "none.yaml", "--consumed", 8, "--to", "dp=2,mbs=1"), "none.yaml"),
     ]:

@@ -229,3 +229,13 @@ def test_a_folder_whose_mmfs_json_is_not_a_mounts_is_one_line(tmp_path, manifest
         proc = mmfs(*command)
         assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
         assert "mmfs.json" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("sharding, words", [(True, "cyclic (sharded) sampler"), (False, "cyclic (unsharded) sampler")])
+def test_a_cyclic_sampler_is_named_cyclic(tmp_path, sharding, words):
+    training = {"data_parallel_size": 2, "micro_batch_size": 2, "global_batch_size": 8, "dataloader_type": "cyclic",
+                "data_sharding": sharding}
+    config = _config(tmp_path, "p2_blend2_u16", training)
+    proc = mmfs("which", config, "--iteration", 3)
+    assert proc.returncode == 0, proc.stderr
+    assert words in proc.stdout and ", sharded sampler" not in proc.stdout, proc.stdout

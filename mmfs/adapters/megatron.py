@@ -44,6 +44,7 @@ provider runs. `rank_stream` gives the same micro-batches as numpy arrays.
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -51,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from mmfs.adapters.megatron_job import MegatronJobError, check_identity, checked_args, checked_samples
 from mmfs.errors import MmfsError
 from mmfs.loader import LoaderError, Mount
 from mmfs.loader.files import KernelFiles
@@ -69,11 +71,17 @@ REFUSED_ARGS = {
     "hybrid_context_parallel": "--hybrid-context-parallel reroutes sub-samples between ranks at every step; the "
                                "mount serves each rank's sampler stream",
     "sft": "--sft reads SFTDataset's packed samples, not GPT samples",
+    "skip_train": "--skip-train makes Megatron read the validation split from sample 0, not from the "
+                  "checkpoint's consumed_valid_samples as the provider does",
+    "mock_data": "--mock-data trains on Megatron's generated samples, not on the mount's",
+    "fim_data": "--fim-data rewrites every sample (fill-in-the-middle); the mount serves GPT samples",
+    "use_varlen_dataset": "--use-varlen-dataset reads conversations through VarlenDataset, not GPT samples",
+    "perform_rl_step": "--perform-rl-step trains on the rollouts it generates, not on a data loader's samples",
+    "decrease_batch_size_if_needed": "--decrease-batch-size-if-needed changes the global batch with the ranks "
+                                     "left; the mount's streams follow its configured batch size",
+    "sequence_packing_scheduler": "--sequence-packing-scheduler re-deals each global batch between the ranks; "
+                                  "the mount serves each rank's sampler stream",
 }
-
-
-class MegatronJobError(LoaderError):
-    """A Megatron-LM job that does not fit the mount it reads: one line, what to do."""
 
 
 def _sampler(mount: Mount) -> str:
@@ -178,12 +186,15 @@ def check_job(mount: Mount, args: Any, train_val_test_num_samples: Any) -> None:
     """Refuse, in one line naming the flag and the mount's key, a job whose
     arguments do not fit the mount (MegatronJobError)."""
     where = f"{mount.path}/mmfs.json"
+    args = checked_args(args)
+    train_val_test_num_samples = checked_samples(train_val_test_num_samples)
     if getattr(args, "dataloader_type", "external") != "external":
         raise MegatronJobError(f"{mount.path}: launch with --dataloader-type external (was "
                                f"{args.dataloader_type}): Megatron would wrap these iterators in its own samplers")
     for name, why in REFUSED_ARGS.items():
         if getattr(args, name, False):
             raise MegatronJobError(f"{mount.path}: {why}: leave the flag out to train on the mount")
+    check_identity(mount, args)
     t = mount.training
     if not t:
         raise MegatronJobError(f"{where} has no training section: mount a config with a training: block "
@@ -291,6 +302,29 @@ def _guarded(batches: Iterator[dict[str, Any]], hint: str = DEAD_MOUNT_HINT) -> 
         _exit(exc, hint)
 
 
+def copy_reads(mount: Mount, args: Any, split: str, wanted: int, start: int, group: int,
+               files: Iterator[str]) -> Iterator[str]:
+    """A plain folder copy: the micro-batch files the rank reads of `split` to the end of
+    the job, listed (and checked against the copy's manifest) before training starts, so
+    that a short copy is refused up front; the stream goes on lazily past them."""
+    if split == "train":
+        wanted = _train_samples_needed(mount, args, wanted)
+    elif relaunch_phase(mount, args) is not None:
+        return files  # a relaunch's own valid and test: Megatron's count is the whole run's, not this launch's
+    need = max(wanted - start, 0) // group
+    first: list[str] = []
+    why = ""
+    try:
+        first.extend(itertools.islice(files, need))
+    except LoaderError as exc:
+        why = f" ({exc})"
+    if len(first) < need:
+        raise MegatronJobError(f"{mount.path}: the copy holds {len(first)} of the {need} micro-batches this rank "
+                               f"reads of {split} from consumed_samples {start} ({wanted} samples in all){why}: copy "
+                               "what the job reads (mmfs.adapters.megatron_copy.copy_job_files, its reads) again")
+    return itertools.chain(first, files)
+
+
 def mount_datasets_provider(mount_path: str | os.PathLike, *, get_args: Callable[[], Any] | None = None,
                             data_parallel: Callable[[], tuple[int, int]] | None = None,
                             to_tensor: Callable[[np.ndarray], Any] | None = None):
@@ -304,29 +338,35 @@ def mount_datasets_provider(mount_path: str | os.PathLike, *, get_args: Callable
     to_tensor = to_tensor or _torch_tensor
 
     def provider(train_val_test_num_samples, vp_stage=None):
-        args = get_args()
         rank, size = data_parallel()
-        flags = batch_flags(args)
-        starts = start_samples(args)
         try:
+            args = checked_args(get_args())
+            samples = checked_samples(train_val_test_num_samples)
+            flags = batch_flags(args)
+            starts = start_samples(args)
             mount = Mount(mount_path)
-            check_job(mount, args, train_val_test_num_samples)
+            check_job(mount, args, samples)
             phase = relaunch_phase(mount, args)  # Megatron's own relaunch: valid and test are the phase's
             streams = {}
-            for split, wanted in zip(SPLITS, train_val_test_num_samples):
+            for split, wanted in zip(SPLITS, samples):
                 if not wanted:
                     continue
-                streams[split] = rank_stream_files(mount, split, rank, size, split_micro_batch_size(args, split),
-                                                   starts[split], eval_phase(mount, split, phase))
+                mbs = split_micro_batch_size(args, split)
+                streams[split] = rank_stream_files(mount, split, rank, size, mbs, starts[split],
+                                                   eval_phase(mount, split, phase))
+                if mount.copy is not None:
+                    streams[split] = copy_reads(mount, args, split, wanted, starts[split], size * mbs,
+                                                streams[split])
         except MmfsError as exc:
             _exit(exc)
+        hint = DEAD_MOUNT_HINT if isinstance(mount.files, KernelFiles) and mount.copy is None else ""  # a mount
 
         def iterator(split: str):
             if split not in streams:
                 return None
             batches = ({name: to_tensor(value) for name, value in mount.microbatch_file(path, **flags).items()
                         if name not in MMFS_FIELDS} for path in streams[split])
-            return _guarded(batches, DEAD_MOUNT_HINT if isinstance(mount.files, KernelFiles) else "")  # a config: none
+            return _guarded(batches, hint)
 
         return tuple(iterator(split) for split in SPLITS)
 

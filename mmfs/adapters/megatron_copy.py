@@ -11,9 +11,11 @@ The copy holds mmfs.json, each rank's micro-batch files of the streams the job r
 phase's own valid or test with a fourth entry, its phase: `<split>/phases/<PPP>/streams/`),
 and mmfs-attributes.json, the extended attributes the loader reads that a copy may
 lose (`user.mmfs.samples` of each micro-batch file, `user.mmfs.pieces` of each of their
-samples). Copying again into the same folder adds to it (one call per launch of a
-job relaunched at its phase transitions). A job that reads further than the copy
-finds no more files.
+samples), and, written last, mmfs-copy.json, the copy's manifest (every file's size
+and SHA-256, every stream folder's files and first and last sample: what
+mmfs/loader/copy_check.py checks before a job trains on it). Copying again into the
+same folder adds to it (one call per launch of a job relaunched at its phase
+transitions). A job that reads further than the copy is refused before it starts.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 from collections.abc import Iterable
 
 from mmfs.adapters.megatron import rank_stream_files
 from mmfs.loader import COPIED_ATTRIBUTES, Mount
+from mmfs.loader.copy_check import COPY_FORMAT, COPY_MANIFEST, DIGEST, digest, file_digest, stream_ends, stream_numbers
 from mmfs.loader.files import copied_attributes
 from mmfs.mount import contract
 
@@ -50,19 +52,29 @@ def copy_job_files(mount_path: str | os.PathLike, dest: str | os.PathLike, data_
 
 def copy_files(mount: Mount, dest: str | os.PathLike, paths: Iterable[str]) -> dict[str, int]:
     """Copy micro-batch files of `mount` (with mmfs.json) to `dest`, keeping their
-    paths, and write their attributes and their samples' pieces beside them."""
+    paths, and write their attributes and their samples' pieces beside them, then,
+    last, the copy's manifest (mmfs-copy.json: every file's size and digest, every
+    stream folder's files and first and last sample). Until it is written the folder
+    reads as an incomplete copy; adding to a copy removes it first."""
     dest = os.fspath(dest)
     os.makedirs(dest, exist_ok=True)
-    shutil.copyfile(os.path.join(mount.path, contract.MANIFEST), os.path.join(dest, contract.MANIFEST))
-    attributes = copied_attributes(dest) or {}  # a copy made before, added to
+    before = _previous(dest)
+    attributes = (copied_attributes(dest) or {}) if before else {}  # a complete copy made before, added to
+    files: dict[str, list] = dict(before.get("files", {})) if before else {}
+    folders = {os.path.join(dest, rel) for rel in (before or {}).get("streams", {})}
+    folders.update(os.path.join(root, d) for root, dirs, _ in os.walk(dest) for d in dirs
+                   if os.path.basename(root) != contract.PHASES and d.isdigit())  # rank folders (made by the caller)
+    files[contract.MANIFEST] = list(_copy(os.path.join(mount.path, contract.MANIFEST),
+                                          os.path.join(dest, contract.MANIFEST)))
     copied = size = 0
     for path in paths:
         rel = os.path.relpath(path, mount.path)
         target = os.path.join(dest, rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.copyfile(path, target)
+        files[rel] = list(_copy(path, target))
+        folders.add(os.path.dirname(target))
         copied += 1
-        size += os.path.getsize(target)
+        size += files[rel][0]
         samples = mount.attribute(path, contract.XATTR_SAMPLES)
         attributes[rel] = {contract.XATTR_SAMPLES: samples}
         split, phase = mount.folder_of(path)  # (a restart phase's own valid or test: its own samples)
@@ -71,6 +83,57 @@ def copy_files(mount: Mount, dest: str | os.PathLike, paths: Iterable[str]) -> d
             key = os.path.relpath(sample, mount.path)
             if key not in attributes:
                 attributes[key] = {contract.XATTR_PIECES: mount.attribute(sample, contract.XATTR_PIECES)}
-    with open(os.path.join(dest, COPIED_ATTRIBUTES), "w", encoding="utf-8") as f:
-        json.dump(attributes, f, sort_keys=True)
+    _write(os.path.join(dest, COPIED_ATTRIBUTES), json.dumps(attributes, sort_keys=True).encode("utf-8"))
+    files[COPIED_ATTRIBUTES] = list(file_digest(os.path.join(dest, COPIED_ATTRIBUTES)))
+    streams = {}
+    for folder in sorted(folders):
+        rel = os.path.relpath(folder, dest)
+        streams[rel] = stream_ends(attributes, rel, stream_numbers(folder, _leftovers_removed(folder, rel, files)))
+    os.sync()  # the files on disk before the manifest that vouches for them
+    table = {"format": COPY_FORMAT, "digest": DIGEST, "files": files, "streams": streams}
+    _write(os.path.join(dest, COPY_MANIFEST), json.dumps(table, sort_keys=True).encode("utf-8"))
     return {"files": copied, "bytes": size}
+
+
+def _previous(dest: str) -> dict | None:
+    """The manifest of a complete copy in dest (removed: the folder is a copy in the
+    making until the new one is written), or None."""
+    path = os.path.join(dest, COPY_MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)
+    except (OSError, ValueError):
+        return None
+    os.unlink(path)
+    return table if isinstance(table, dict) else None
+
+
+def _leftovers_removed(folder: str, rel: str, files: dict[str, list]) -> list[str]:
+    """A stream folder's micro-batch files, less those no manifest records: left by a copy
+    that was cut short (cut files among them), removed so that no stream reads them."""
+    names = []
+    for name in os.listdir(folder):
+        if not name.endswith(contract.FILE_SUFFIX):
+            continue
+        if os.path.join(rel, name) in files:
+            names.append(name)
+        else:
+            os.unlink(os.path.join(folder, name))
+    return names
+
+
+def _copy(source: str, target: str) -> tuple[int, str]:
+    """Copy one file (read whole: micro-batch files are small), (its size, digest)."""
+    with open(source, "rb") as f:
+        data = f.read()
+    _write(target, data)
+    return len(data), digest(data)
+
+
+def _write(path: str, data: bytes) -> None:
+    """Write a file whole under a temporary name, then rename it into place (a copy cut
+    short leaves no file of the wrong size under a real name)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)

@@ -77,12 +77,24 @@ def parse_data_path(text: str, checker: Checker, key: str) -> list[dict]:
     return parse_data_words(text.split(), checker, key)
 
 
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_data_words(words: list[str], checker: Checker, key: str) -> list[dict]:
     """Megatron's get_blend_from_list on the words of --data-path."""
     words = [w.strip() for w in words]
     if not words:
         raise checker.fail(key, "is empty")
     if len(words) % 2:
+        if len(words) >= 3 and all(_is_number(w) for w in words[::2]) and not any(_is_number(w) for w in words[1::2]):
+            # WEIGHT PATH pairs and one weight more: Megatron would read every word as a path
+            raise checker.fail(key, f"the weight {show(words[-1])} has no path after it ({len(words)} words: "
+                                    "WEIGHT PATH pairs need an even count); give its path or drop it")
         return [{"path": w} for w in words]
     weights = []
     for i in range(0, len(words), 2):

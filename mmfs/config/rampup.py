@@ -131,6 +131,36 @@ class BatchSchedule:
         }
 
 
+# The calculators' rules as module-level classes, not closures: a Config holding a
+# schedule is pickled whole (the mount hands its snapshot to report.html's child).
+@dataclass(frozen=True)
+class StepRule:
+    """Megatron's StepBatchsizeNumMicroBatchesCalculator: the size of the last entry
+    whose threshold (in samples) is <= consumed."""
+
+    thresholds: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    def __call__(self, c: int) -> int:
+        return self.sizes[bisect.bisect_right(self.thresholds, c) - 1]
+
+
+@dataclass(frozen=True)
+class RampupRule:
+    """Megatron's RampupBatchsizeNumMicroBatchesCalculator (see the module's doc)."""
+
+    start: int
+    increment: int
+    ramp_samples: int
+    global_batch_size: int
+
+    def __call__(self, c: int) -> int:
+        if c > self.ramp_samples:
+            return self.global_batch_size
+        per_increment = self.ramp_samples / ((self.global_batch_size - self.start) // self.increment)  # a float
+        return self.start + int(c / per_increment) * self.increment
+
+
 def constant_schedule(global_batch_size: int) -> BatchSchedule:
     return BatchSchedule((1,), (0,), (global_batch_size,), "constant", global_batch_size)
 
@@ -158,9 +188,7 @@ def check_reached(schedule: BatchSchedule, step: int, last_iteration: int | None
 def step_schedule(text: str, seq_length: int) -> BatchSchedule:
     entries = parse_step_schedule(text, seq_length)
     thresholds = [t for t, _ in entries]
-
-    def size_at(c: int) -> int:
-        return entries[bisect.bisect_right(thresholds, c) - 1][1]
+    size_at = StepRule(tuple(thresholds), tuple(b for _, b in entries))
 
     def changes_after(c: int, b: int) -> int | None:
         i = bisect.bisect_right(thresholds, c)
@@ -185,12 +213,7 @@ def rampup_schedule(start: int, increment: int, ramp_samples: int, global_batch_
                             "divides by zero; leave rampup_batch_size out for a constant batch size")
     if diff // increment > MAX_SEGMENTS:
         raise ScheduleError(f"more than {MAX_SEGMENTS:,} increments")
-    per_increment = ramp_samples / (diff // increment)  # a float, as Megatron has it
-
-    def size_at(c: int) -> int:
-        if c > ramp_samples:
-            return global_batch_size
-        return start + int(c / per_increment) * increment
+    size_at = RampupRule(start, increment, ramp_samples, global_batch_size)
 
     def changes_after(c: int, b: int) -> int | None:
         """The first c + n*b (n >= 1) whose size differs from b: the smallest such n by

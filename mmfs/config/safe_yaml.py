@@ -227,6 +227,19 @@ def check_plain(value: Any, path: str) -> None:
                               "accepted here")
 
 
+def _tab_near(text: str, mark) -> tuple[int, int] | None:
+    """(line, column), 1-based, of the tab at an error's mark or before it on its line
+    (where the scanner stopped at the indentation or the token a tab broke), or None."""
+    if mark is None:
+        return None
+    lines = text.splitlines()
+    if not 0 <= mark.line < len(lines):
+        return None
+    line = lines[mark.line]
+    col = line.find("\t", 0, mark.column + 1)
+    return None if col < 0 else (mark.line + 1, col + 1)
+
+
 def read_yaml(path: str) -> Any:
     """The config file's YAML document, size- and type-checked (plain data only)."""
     return read_yaml_source(path)[0]
@@ -261,6 +274,9 @@ def read_yaml_source(path: str) -> tuple[Any, str]:
         what = "refused" if isinstance(exc, _LimitError) else "not valid YAML"
         if "maximum nesting depth" in problem:  # libyaml's own limit can fire before ours
             what, problem = "refused", f"nested deeper than {MAX_DEPTH} levels"
+        elif (tab := _tab_near(text, mark)) is not None:  # PyYAML names a tab by what it cannot start
+            where = f" at line {tab[0]}, column {tab[1]}"
+            problem = "a tab character; YAML indents and separates with spaces only: replace the tab with spaces"
         raise ConfigError(f"{path}: {what}{where}: {problem}".replace("\n", " ")) from None
     except RecursionError:  # depth is limited above; this is a last line of defence
         raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None

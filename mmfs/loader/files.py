@@ -72,7 +72,7 @@ class KernelFiles:
 
     def __init__(self, root: str) -> None:
         self.root = root
-        self._copied = copied_attributes(root)  # None for a mount
+        self.copied = copied_attributes(root)  # None for a mount
 
     def read(self, path: str) -> bytearray:
         with open(path, "rb", buffering=0) as f:
@@ -93,7 +93,7 @@ class KernelFiles:
         try:
             return os.getxattr(path, name).decode()
         except OSError:
-            held = (self._copied or {}).get(os.path.relpath(path, self.root), {}).get(name)
+            held = (self.copied or {}).get(os.path.relpath(path, self.root), {}).get(name)
             if held is not None:
                 return held
             raise

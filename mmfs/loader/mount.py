@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from mmfs.loader.files import LoaderError, attribute, open_files, read_file, whole
+from mmfs.loader.copy_check import CopyManifest, open_copy, stream_numbers
+from mmfs.loader.files import KernelFiles, LoaderError, attribute, open_files, read_file, whole
 from mmfs.loader.getitem import SampleFields, check_flags
 from mmfs.mount import contract
 
@@ -30,11 +31,15 @@ class Mount:
         self.files = open_files(self.path, options)  # the kernel's, or the in-process one of a config
         info_path = os.path.join(self.path, contract.MANIFEST)
         try:
-            self.info: dict[str, Any] = json.loads(self.files.read(info_path))  # (unbuffered: no ioctl)
+            info_bytes = self.files.read(info_path)  # (unbuffered: no ioctl)
+            self.info: dict[str, Any] = json.loads(info_bytes)
         except FileNotFoundError:
             raise LoaderError(f"{info_path}: not found; is {self.path} an mmfs mount (or a config file)?") from None
         except (OSError, ValueError) as exc:
             raise LoaderError(f"{info_path}: cannot read it: {exc}") from None
+        # a plain folder copy's manifest (None for a mount or a config), checked before anything is read
+        self.copy: CopyManifest | None = open_copy(self.path, bytes(info_bytes), self.files.copied) \
+            if isinstance(self.files, KernelFiles) else None
         info = self.info
         self.dtype = np.dtype(info[contract.KEY_DTYPE]).newbyteorder("<")
         self.sequence_length = int(info[contract.KEY_SEQUENCE_LENGTH])
@@ -122,7 +127,7 @@ class Mount:
 
     def sample(self, split: str, i: int, phase: int | None = None) -> np.ndarray:
         """Sample i's tokens, in the mount's dtype (pad positions hold the pad in that dtype)."""
-        return np.frombuffer(read_file(self.files, self.sample_path(split, i, phase)), dtype=self.dtype)
+        return self._rows(self.sample_path(split, i, phase), 1)[0]
 
     def pieces(self, split: str, i: int, phase: int | None = None) -> list[tuple[int, int, int]]:
         """(sequence, offset, length) of each piece sample i was cut from."""
@@ -218,8 +223,20 @@ class Mount:
         start = self._first_microbatch(split, rank, consumed_samples, phase)
         mbs = int(self._training()[contract.KEY_MICRO_BATCH_SIZE])
         for j in range(start, self.microbatches_per_rank(split, phase)):
-            data = read_file(self.files, self.microbatch_path(split, rank, j, phase))
-            yield np.frombuffer(data, dtype=self.dtype).reshape(mbs, self.tokens_per_sample)
+            yield self._rows(self.microbatch_path(split, rank, j, phase), mbs)
+
+    def _rows(self, path: str, rows: int | None) -> np.ndarray:
+        """A file of samples, [rows, tokens_per_sample] (rows None: as many as it holds),
+        refused in one line where it is cut short (or, in a copy, altered)."""
+        data = read_file(self.files, path)
+        if self.copy is not None:
+            self.copy.check_bytes(path, data)
+        row = self.tokens_per_sample * self.dtype.itemsize
+        if not data or len(data) % row or (rows is not None and len(data) != rows * row):
+            want = f"{rows} samples of {row} bytes" if rows is not None else f"whole samples of {row} bytes"
+            raise LoaderError(f"{path}: {len(data)} bytes, not {want}: cut short or not a file of this mount's "
+                              "samples; mount again (a copy: copy it again)")
+        return np.frombuffer(data, dtype=self.dtype).reshape(-1, self.tokens_per_sample)
 
     def megatron_batches(self, split: str, rank: int, consumed_samples: int = 0, phase: int | None = None,
                          **flags: bool) -> Iterator[dict[str, np.ndarray]]:
@@ -266,14 +283,20 @@ class Mount:
         folder = self.stream_dir(split, rank, data_parallel_size, micro_batch_size, consumed_samples,
                                  sampler, sharding, phase)
         try:
-            names = sorted(n for n in self.files.listdir(folder) if n.endswith(contract.FILE_SUFFIX))
+            names = stream_numbers(folder, self.files.listdir(folder))
         except FileNotFoundError as exc:
             if (exc.strerror or "").startswith("no such stream: "):  # in-process: the reason the daemon logs
                 raise LoaderError(f"{folder}: {exc.strerror}") from None
+            if self.copy is not None:
+                raise LoaderError(f"{folder}: not in the copy: the job reads a stream the copy was not made for "
+                                  "(another data-parallel size, micro-batch size or consumed count); copy it with "
+                                  "this job's reads (mmfs.adapters.megatron_copy.copy_job_files)") from None
             raise LoaderError(f"{folder}: no such stream (a layout Megatron's sampler refuses at that "
                               "consumed_samples; the mount's log says why)") from None
         except OSError as exc:
             raise LoaderError(f"{folder}: cannot list it: {exc.strerror or exc}") from None
+        if self.copy is not None:
+            self.copy.check_stream(folder, names, self.files.copied or {})
         return [os.path.join(folder, n) for n in names]
 
     def microbatch_file(self, path: str, **flags: bool) -> dict[str, np.ndarray]:
@@ -281,7 +304,7 @@ class Mount:
         too) as megatron_batch of its samples, plus `sample_ids`, and in a run in phases
         the `phase` of each train sample."""
         check_flags(flags)
-        raw = np.frombuffer(read_file(self.files, path), dtype=self.dtype).reshape(-1, self.tokens_per_sample)
+        raw = self._rows(path, None)
         ids = [int(x) for x in self.attribute(path, contract.XATTR_SAMPLES).split()]
         if len(ids) != raw.shape[0]:
             raise LoaderError(f"{path}: {raw.shape[0]} samples but {len(ids)} ids in {contract.XATTR_SAMPLES}")

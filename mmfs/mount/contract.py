@@ -13,6 +13,8 @@ import re
 # -- paths ------------------------------------------------------------------------
 
 MANIFEST = "mmfs.json"
+# the FUSE subtype a mount is made with: the kernel lists its file system type as fuse.<subtype>
+FS_SUBTYPE = "mmfs"
 REPORT = "report.html"  # `mmfs report`'s page of the mounted config
 SAMPLES = "samples"
 RANKS = "ranks"

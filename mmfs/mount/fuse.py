@@ -41,8 +41,8 @@ import signal
 from functools import partial
 from typing import Any
 
-from mmfs.errors import MmfsError, MountError
-from mmfs.mount.contract import REPORT, XATTR_COUNTERS
+from mmfs.errors import MmfsError, MountError, first_few
+from mmfs.mount.contract import FS_SUBTYPE, REPORT, XATTR_COUNTERS
 from mmfs.mount.counters import Counters
 from mmfs.mount.kernel_cache import KernelCache
 from mmfs.mount.latency import LatencyGuard
@@ -80,7 +80,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "negative_timeout": CACHE_SECONDS,
     "max_background": MAX_BACKGROUND,
     "congestion_threshold": CONGESTION_THRESHOLD,
-    "subtype": "mmfs",
+    "subtype": FS_SUBTYPE,
 }
 
 STAT_SIZE = ctypes.sizeof(mfusepy.c_stat)
@@ -321,7 +321,7 @@ class Daemon(mfusepy.FUSE):
         table = self.operations_table()
         check_table(table)
         log.info("%s", library().describe())
-        log.info("served in C: %s", ", ".join(v.path for v in self._tree.registry.views) or "nothing")
+        log.info("served in C: %s", first_few([v.path for v in self._tree.registry.views]) or "nothing")
         conn = ConnOptions()
         args = conn.take(["mmfs", *foreground_args, "-o", ",".join(fuse_options(options)), mountpoint])
         if MAJOR == 3:  # the connection options libfuse 3's main leaves to init; its signals

@@ -54,6 +54,7 @@ class ReportFile:
         self._sized_note = False  # whether the note's size was handed out
         self._thread: threading.Thread | None = None
         self._child: subprocess.Popen | None = None
+        self._folder: str | None = None  # the child's private folder (snapshot, page) while it runs
         self._closed = False
 
     @property
@@ -76,12 +77,17 @@ class ReportFile:
         return self._served[offset:offset + size]
 
     def close(self) -> None:
-        """Stop a child still making the page (the mount is going away)."""
+        """Stop a child still making the page and remove its folder (the mount is going
+        away: the thread that made the folder is a daemon thread, ended with the process
+        before its own clean-up could run)."""
         with self._lock:
             self._closed = True
-            child = self._child
+            child, folder = self._child, self._folder
         if child is not None and child.poll() is None:
             child.kill()
+            child.wait()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _make(self) -> None:
         data = self._run_child()
@@ -100,7 +106,11 @@ class ReportFile:
     def _run_child(self) -> bytes:
         """The child's page, or a page saying why there is none."""
         t0 = time.monotonic()
-        folder = tempfile.mkdtemp(prefix="mmfs-report-")  # 0700: the snapshot is this user's
+        with self._lock:
+            if self._closed:
+                return b""
+            # 0700: the snapshot is this user's; close() removes it if the mount ends first
+            folder = self._folder = tempfile.mkdtemp(prefix="mmfs-report-")
         snapshot, out = os.path.join(folder, "config.pickle"), os.path.join(folder, "report.html")
         try:
             with open(snapshot, "wb") as f:
@@ -131,6 +141,8 @@ class ReportFile:
             why = f"the page maker could not run: {exc}"
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+            with self._lock:
+                self._folder = None
         if not self._closed:
             log.error("report.html: %s", why)
         return failed_page(why).encode("utf-8")

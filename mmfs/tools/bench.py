@@ -276,6 +276,9 @@ def _microbatch_rates(config: str, n: int, options: str) -> tuple[int, dict[str,
 # -- entry points ----------------------------------------------------------------
 
 
+MAX_READERS = 256  # reader processes at most
+
+
 def _parse_readers(text: str) -> list[int]:
     try:
         readers = [int(x) for x in str(text).split(",") if x.strip()]
@@ -283,6 +286,9 @@ def _parse_readers(text: str) -> list[int]:
         raise MmfsError(f"--readers {text!r}: give a comma-separated list of counts, e.g. 1,2,4") from None
     if not readers or min(readers) < 1:
         raise MmfsError(f"--readers {text!r}: counts must be >= 1")
+    if max(readers) > MAX_READERS:
+        raise MmfsError(f"--readers {text!r}: at most {MAX_READERS} reader processes (more measure the "
+                        "machine's process table, not the mount)")
     return readers
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from mmfs.errors import ConfigError, FormatError, MmfsError, NativeError
+from mmfs.errors import ConfigError, FormatError, MmfsError, NativeError, first_few
 from mmfs.megatron.build.check import check_sequences
 from mmfs.megatron.corpus import open_corpus
 from mmfs.megatron.indices.blend import blend_rounding
@@ -45,7 +45,7 @@ def rounding_note(corpus, split: str) -> str:
         return ""
     extra = sum(per_dataset) - asked
     return (f"; {extra:,} more than the {asked:,} asked ({corpus.config.samples_key(split)}): Megatron's blend "
-            f"takes ceil({asked:,} × weight) of each dataset, {' + '.join(f'{n:,}' for n in per_dataset)}")
+            f"takes ceil({asked:,} × weight) of each dataset, {first_few([f'{n:,}' for n in per_dataset], ' + ')}")
 
 
 def sample_command(args) -> int:

@@ -26,6 +26,7 @@ from mmfs.megatron.sampling.samplers import SamplerError
 from mmfs.mount.streams import parse_layout
 
 SHOWN = 10  # ids of each kind printed
+MAX_STEP = 2**40  # samples per step (dp x mbs) at most: the id arrays are int64, a split far smaller
 TO_SPEC = re.compile(r"(?P<layout>dp=[^,]*,mbs=[^,]*)(?P<rest>(,.*)?)")
 
 
@@ -42,6 +43,10 @@ def parse_to(text: str, consumed: int, training: Any) -> Sampling:
         layout = parse_layout(f"{m['layout']},from={consumed}{m['rest']}", training)
     except SamplerError as exc:
         raise ResumeCheckError(f"--to {text!r}: {exc}") from None
+    if layout.data_parallel_size * layout.micro_batch_size > MAX_STEP:
+        raise ResumeCheckError(f"--to {text!r}: data-parallel size x micro-batch size is "
+                               f"{layout.data_parallel_size * layout.micro_batch_size}, more than {MAX_STEP:,} "
+                               "samples per step; give the layout the job resumes on")
     return Sampling(layout.data_parallel_size, layout.micro_batch_size, layout.dataloader_type,
                     layout.data_sharding)
 

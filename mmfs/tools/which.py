@@ -75,6 +75,8 @@ from mmfs.storage import StorageError
 from mmfs.storage.file import read_text_file
 from mmfs.text.tokenizer import BYTE_EOD, BYTE_LEVEL, HUGGING_FACE, TokenizerSpec
 
+# the plan kinds (which --json's "sampler") in words: Megatron's samplers are single and cyclic
+SAMPLER_WORDS = {"single": "single", "sharded": "cyclic (sharded)", "unsharded": "cyclic (unsharded)"}
 MAX_MANIFEST = 256 << 20  # a mount's mmfs.json: a few MB for the scale benchmark's 1,000-dataset blend
 
 
@@ -188,8 +190,9 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
                 raise WhichError(f"{split}: {exc}") from None
             if found is None:
                 raise WhichError(
-                    f"{split}: consumed_samples {start} is past the end of the {split} split for the {out['sampler']} "
-                    f"sampler ({plan.files_per_rank} micro-batches per rank of {mbs * dp} samples in all); "
+                    f"{split}: consumed_samples {start} is past the end of the {split} split for the "
+                    f"{SAMPLER_WORDS[out['sampler']]} sampler ({plan.files_per_rank} micro-batches per rank of "
+                    f"{mbs * dp} samples in all); "
                     "Megatron's iterator has ended there"
                 )
             ids, epoch = found
@@ -332,7 +335,8 @@ def _print_text(result: dict[str, Any]) -> None:
     iteration = "(no iteration of the schedule starts there)" if result["iteration"] is None \
         else f"iteration {result['iteration']}"
     print(f"{result['config']}: {result['split']} {iteration} "
-          f"(consumed_samples {lo}..{hi}, global batch {hi - lo}), {result['sampler']} sampler, data_parallel_size "
+          f"(consumed_samples {lo}..{hi}, global batch {hi - lo}), {SAMPLER_WORDS[result['sampler']]} sampler, "
+          f"data_parallel_size "
           f"{result['data_parallel_size']}, micro_batch_size {result['micro_batch_size']}, "
           f"{result['microbatches_per_iteration']} micro-batch(es) per rank")
     for p in result.get("phases", ()):

@@ -98,7 +98,7 @@ class IndexCache:
             # one byte more than ours: a longer file differs, however long it is
             text, self.description_file = read_text(description_path,
                                                      len(self.description.encode("utf-8")) + 1)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # not built, or a cache_dir that cannot be (said once)
             return None
         except (OSError, UnicodeDecodeError) as exc:
             log.warning("%s: unreadable (%s); rebuilding", description_path, exc)

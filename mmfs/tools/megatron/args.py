@@ -207,11 +207,9 @@ def _blend_words(values: dict, flag: str) -> list[str] | None:
     return list(words)
 
 
-def to_config(argv: list[str], environ: dict | None = None) -> tuple[dict[str, Any], list[str]]:
-    """(the YAML config as a dict, comment lines) for Megatron's arguments."""
-    environ = os.environ if environ is None else environ
-    values, noted = parse_args(expand_args(argv))
-    comments = [f"ignored {flag}: {NOTED[flag]}" for flag in noted if flag in NOTED]
+def data_section(values: dict, comments: list[str]) -> dict[str, Any]:
+    """The config's data keys (data_path, data_args_path, blend_per_split or
+    per_split_data_args_path, and split) for the honoured flags' values."""
     config: dict[str, Any] = {}
     sources = [f for f in ("--data-path", "--data-args-path") if f in values]
     per_split = [f for f in ("--train-data-path", "--valid-data-path", "--test-data-path",
@@ -244,10 +242,46 @@ def to_config(argv: list[str], environ: dict | None = None) -> tuple[dict[str, A
     else:
         raise MegatronArgsError("--data-path: missing (or --data-args-path, --per-split-data-args-path, "
                                 "--train-data-path ...): mmfs serves datasets read from files")
+    return config
+
+
+def seed(values: dict) -> int:
+    value = _int(values, "--seed", 1234)
+    if not 0 <= value < 2**32:
+        raise MegatronArgsError(f"--seed: {value}: Megatron seeds numpy with it, which takes 0 to 2**32 - 1")
+    return value
+
+
+def values_of(namespace: Any) -> dict[str, Any]:
+    """Megatron-LM's parsed arguments (the namespace get_args() returns) as parse_args
+    gives a launch line's: {flag: value(s)} of the honoured flags that are set, so that
+    a running job's arguments map to a config by the same functions as its launch line."""
+    values: dict[str, Any] = {}
+    for flag, n in HONOURED.items():
+        if flag == "--no-data-sharding":
+            if getattr(namespace, "data_sharding", True) is False:
+                values[flag] = True
+            continue
+        value = getattr(namespace, flag[2:].replace("-", "_"), None)
+        if value is None or value is False:
+            continue
+        if n == 0:
+            values[flag] = True
+        elif isinstance(value, (list, tuple)):
+            values[flag] = [str(v) for v in value]
+        else:
+            values[flag] = [str(value)] if n is None else str(value)
+    return values
+
+
+def to_config(argv: list[str], environ: dict | None = None) -> tuple[dict[str, Any], list[str]]:
+    """(the YAML config as a dict, comment lines) for Megatron's arguments."""
+    environ = os.environ if environ is None else environ
+    values, noted = parse_args(expand_args(argv))
+    comments = [f"ignored {flag}: {NOTED[flag]}" for flag in noted if flag in NOTED]
+    config = data_section(values, comments)
     config["sequence_length"] = sequence_length(values)
-    config["seed"] = _int(values, "--seed", 1234)
-    if not 0 <= config["seed"] < 2**32:
-        raise MegatronArgsError(f"--seed: {config['seed']}: Megatron seeds numpy with it, which takes 0 to 2**32 - 1")
+    config["seed"] = seed(values)
     if "--mid-level-dataset-surplus" in values:
         config["mid_level_dataset_surplus"] = _float(values, "--mid-level-dataset-surplus")
     config["tokenizer"] = tokenizer_block(values)
