@@ -17,7 +17,8 @@
 
 typedef struct {
     char *path;                    /* NULL: forgotten */
-    int64_t size, mtime_ns, inode; /* its identity, or MMFS_UNKNOWN_IDENTITY */
+    uint64_t size, mtime_ns, inode; /* its identity, when known */
+    int32_t known;                  /* 0: taken at the first open */
     int32_t fd;                    /* -1: closed */
     int32_t users;                 /* reads holding fd now */
     int32_t forgotten;             /* close and drop once the last user is done */
@@ -72,8 +73,14 @@ static void close_idle(int64_t keep) {
     }
 }
 
-static int64_t mtime_of(const struct stat *st) {
-    return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+static uint64_t mtime_of(const struct stat *st) {
+    return (uint64_t)((int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec);
+}
+
+/* Whether st is the file of identity {size, mtime_ns, inode}, compared unsigned. */
+static int same_file(const struct stat *st, uint64_t size, uint64_t mtime_ns, uint64_t inode) {
+    return S_ISREG(st->st_mode) && (uint64_t)st->st_size == size && mtime_of(st) == mtime_ns &&
+           (uint64_t)st->st_ino == inode;
 }
 
 /* Open e's file and check that it is still the file registered. */
@@ -93,13 +100,13 @@ static int open_entry(entry *e) {
         errno = saved;
         return MMFS_E_IO;
     }
-    if (e->size == MMFS_UNKNOWN_IDENTITY) {
-        e->size = st.st_size;
+    if (!e->known) {
+        e->size = (uint64_t)st.st_size;
         e->mtime_ns = mtime_of(&st);
-        e->inode = (int64_t)st.st_ino;
+        e->inode = (uint64_t)st.st_ino;
+        e->known = 1;
     }
-    if (!S_ISREG(st.st_mode) || st.st_size != e->size || mtime_of(&st) != e->mtime_ns ||
-        (int64_t)st.st_ino != e->inode) {
+    if (!same_file(&st, e->size, e->mtime_ns, e->inode)) {
         close(fd);
         counts.changed++;
         return MMFS_E_CHANGED;
@@ -108,7 +115,7 @@ static int open_entry(entry *e) {
     return MMFS_OK;
 }
 
-int64_t mmfs_file_add(const char *path, int64_t size, int64_t mtime_ns, int64_t inode) {
+int64_t mmfs_file_add(const char *path, const uint64_t *identity) {
     char *copy = strdup(path);
     if (!copy) return MMFS_E_NOMEM;
     pthread_mutex_lock(&lock);
@@ -123,9 +130,9 @@ int64_t mmfs_file_add(const char *path, int64_t size, int64_t mtime_ns, int64_t 
         entries = grown;
         allocated = more;
     }
-    int unknown = size < 0 || mtime_ns < 0 || inode < 0;
-    entries[used] = (entry){copy, unknown ? MMFS_UNKNOWN_IDENTITY : size, mtime_ns, inode,
-                            -1, 0, 0, 0, 0};
+    int32_t known = identity[0] != 0;
+    entries[used] = (entry){copy, known ? identity[1] : 0, known ? identity[2] : 0, known ? identity[3] : 0,
+                            known, -1, 0, 0, 0, 0};
     int64_t id = ++used;
     counts.known++;
     pthread_mutex_unlock(&lock);
@@ -200,16 +207,14 @@ static int64_t read_fully(int fd, uint8_t *to, int64_t n, int64_t pos) {
     return done;
 }
 
-static int32_t copy_one(const char *path, const int64_t *identity, int32_t head_size, uint8_t *head,
+static int32_t copy_one(const char *path, const uint64_t *identity, int32_t head_size, uint8_t *head,
                         int64_t offset, int64_t length, uint8_t *to) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return MMFS_E_IO;
     struct stat st;
     int32_t rc = MMFS_E_IO;
     if (fstat(fd, &st) != 0) goto done;
-    if (!S_ISREG(st.st_mode) || (identity[0] >= 0 && st.st_size != identity[0]) ||
-        (identity[1] >= 0 && mtime_of(&st) != identity[1]) ||
-        (identity[2] >= 0 && (int64_t)st.st_ino != identity[2])) {
+    if (!S_ISREG(st.st_mode) || (identity[0] && !same_file(&st, identity[1], identity[2], identity[3]))) {
         rc = MMFS_E_CHANGED;
         goto done;
     }
@@ -238,7 +243,8 @@ done:
 
 typedef struct {
     const char *const *paths;
-    const int64_t *identity, *offsets, *lengths, *at;
+    const uint64_t *identity;
+    const int64_t *offsets, *lengths, *at;
     int32_t head_size;
     uint8_t *heads, *out;
     int32_t *got;
@@ -248,7 +254,7 @@ typedef struct {
 static void *copy_range(void *arg) {
     const copy_job *j = arg;
     for (int64_t i = j->begin; i < j->end; ++i)
-        j->got[i] = copy_one(j->paths[i], j->identity + 3 * i, j->head_size, j->heads + i * (int64_t)j->head_size,
+        j->got[i] = copy_one(j->paths[i], j->identity + MMFS_IDENTITY_WORDS * i, j->head_size, j->heads + i * (int64_t)j->head_size,
                              j->offsets[i], j->lengths[i], j->out + j->at[i]);
     return NULL;
 }
@@ -257,7 +263,7 @@ static void *copy_range(void *arg) {
 #define COPY_PER_THREAD 2048
 #define COPY_THREADS 4
 
-void mmfs_files_copy(const char *paths, int64_t n, const int64_t *identity, int32_t head_size,
+void mmfs_files_copy(const char *paths, int64_t n, const uint64_t *identity, int32_t head_size,
                      uint8_t *heads, int32_t *got, const int64_t *offsets, const int64_t *lengths,
                      uint8_t *out, const int64_t *at) {
     if (n <= 0) return;

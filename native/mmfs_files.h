@@ -13,10 +13,15 @@
 #include <stdint.h>
 
 #define MMFS_E_CHANGED -12     /* a file is not the one the indices were made from */
-#define MMFS_UNKNOWN_IDENTITY -1 /* size, mtime or inode: take the first open's */
+/* A file's identity is MMFS_IDENTITY_WORDS unsigned 64-bit words: known (0: take
+ * the first open's), size, mtime_ns (a signed time, as two's complement) and inode.
+ * Unsigned, as stat gives them: inode numbers of FUSE and network file systems
+ * (rclone's, ...) reach 2^63 and beyond, so no value is free to mean "unknown". */
+#define MMFS_IDENTITY_WORDS 4
 
-/* Register a file (nothing is opened); its id (> 0), or MMFS_E_NOMEM. */
-int64_t mmfs_file_add(const char *path, int64_t size, int64_t mtime_ns, int64_t inode);
+/* Register a file (nothing is opened) with its identity (MMFS_IDENTITY_WORDS words);
+ * its id (> 0), or MMFS_E_NOMEM. */
+int64_t mmfs_file_add(const char *path, const uint64_t *identity);
 
 /* Close a file and drop it (its id is never used again). */
 void mmfs_file_forget(int64_t id);
@@ -40,13 +45,13 @@ void mmfs_files_set_limit(int32_t max_open);
 /* Copies of the arrays of many small files in one call, without the table: each
  * file is opened, checked to be the file given and closed, one at a time (tens of
  * thousands shared among up to four threads, each holding one descriptor). File i
- * is the i-th NUL-terminated path in `paths` (one after another); identity[3i..3i+2]
- * its size, mtime_ns and inode (-1: not checked). Its first head_size bytes go to
+ * is the i-th NUL-terminated path in `paths` (one after another); its identity the
+ * MMFS_IDENTITY_WORDS words at identity + 4i (not known: not checked). Its first head_size bytes go to
  * heads + i * head_size (for a header check), lengths[i] bytes from offsets[i] to
  * out + at[i] (0 bytes: the heads alone, for a check). got[i]: bytes of head
  * read, or MMFS_E_IO (it could not be opened or read) or MMFS_E_CHANGED (not the
  * file given, or shorter than its array). */
-void mmfs_files_copy(const char *paths, int64_t n, const int64_t *identity, int32_t head_size,
+void mmfs_files_copy(const char *paths, int64_t n, const uint64_t *identity, int32_t head_size,
                      uint8_t *heads, int32_t *got, const int64_t *offsets, const int64_t *lengths,
                      uint8_t *out, const int64_t *at);
 

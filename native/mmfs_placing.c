@@ -7,10 +7,10 @@
 #include <stdio.h>
 #include <string.h>
 
-void mmfs_files_add_many(const char *paths, int64_t n, const int64_t *identity, int64_t *ids) {
+void mmfs_files_add_many(const char *paths, int64_t n, const uint64_t *identity, int64_t *ids) {
     const char *path = paths;
     for (int64_t i = 0; i < n; ++i) {
-        ids[i] = mmfs_file_add(path, identity[3 * i], identity[3 * i + 1], identity[3 * i + 2]);
+        ids[i] = mmfs_file_add(path, identity + MMFS_IDENTITY_WORDS * i);
         path += strlen(path) + 1;
     }
 }

@@ -9,9 +9,9 @@
 #include "mmfs_native.h"
 
 /* Register n files in the open-files table (mmfs_file_add each): file i is the i-th
- * NUL-terminated path in `paths`, identity[3i..3i+2] its size, mtime_ns and inode
- * (-1: taken when first opened). ids[i]: its id, or MMFS_E_NOMEM. */
-void mmfs_files_add_many(const char *paths, int64_t n, const int64_t *identity, int64_t *ids);
+ * NUL-terminated path in `paths`, its identity the MMFS_IDENTITY_WORDS words at
+ * identity + 4i (see mmfs_files.h; not known: taken when first opened). ids[i]: its id, or MMFS_E_NOMEM. */
+void mmfs_files_add_many(const char *paths, int64_t n, const uint64_t *identity, int64_t *ids);
 
 /* ok[i] = 1 when the first got[i] bytes at heads + i * head_size begin with the
  * header numpy's np.save writes (format 1.0) for an array of descr (the i-th

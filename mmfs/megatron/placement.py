@@ -69,12 +69,11 @@ def _ptr(kind: str, array: np.ndarray):
     return ffi.from_buffer(f"{kind}[]", array)
 
 
-_NO_IDENTITY = (-1, -1, -1)  # checked at no open: taken when first opened
-
-
 def _identities(column) -> np.ndarray:
-    return np.fromiter(itertools.chain.from_iterable(i or _NO_IDENTITY for i in column), dtype=np.int64,
-                       count=3 * len(column)).reshape(-1, 3)
+    """The files' identities as the C core takes them: unsigned 64-bit words, four a file
+    (localfiles.identity_words; None: taken when first opened)."""
+    return np.fromiter(itertools.chain.from_iterable(localfiles.identity_words(i) for i in column),
+                       dtype=np.uint64, count=4 * len(column))
 
 
 class _Columns:
@@ -215,7 +214,7 @@ class FileArrays:
             unique = np.unique(index, return_index=True)[1]
             paths, firsts = [paths[i] for i in unique.tolist()], which[unique]
         files = np.empty(len(paths), dtype=np.int64)
-        lib.mmfs_files_add_many(_bytes(paths), len(paths), _ptr("int64_t", _identities(t.take(t.identities, firsts))),
+        lib.mmfs_files_add_many(_bytes(paths), len(paths), _ptr("uint64_t", _identities(t.take(t.identities, firsts))),
                                 _ptr("int64_t", files))
         self.file_ids.extend(files[files > 0].tolist())
         if (files < 0).any():
@@ -249,7 +248,7 @@ def _read(t: _Columns, which: np.ndarray, lengths: np.ndarray, block: np.ndarray
     returns the heads read (HEADS bytes each) and how many bytes of each, or the error."""
     n = len(which)
     heads, got = np.empty((n, HEADS), dtype=np.uint8), np.empty(n, dtype=np.int32)
-    lib.mmfs_files_copy(_bytes(t.take(t.paths, which)), n, _ptr("int64_t", _identities(t.take(t.identities, which))),
+    lib.mmfs_files_copy(_bytes(t.take(t.paths, which)), n, _ptr("uint64_t", _identities(t.take(t.identities, which))),
                         HEADS, _ptr("uint8_t", heads), _ptr("int32_t", got), _ptr("int64_t", t.offsets[which]),
                         _ptr("int64_t", lengths), _ptr("uint8_t", block), _ptr("int64_t", at))
     return heads, got

@@ -344,7 +344,7 @@ class Daemon(mfusepy.FUSE):
             err = 0
         if err:
             raise MountError(f"{mountpoint}: libfuse could not mount or serve it (code {err}; "
-                             "its own message says why): check the -o options")
+                             "its own message says why)")
 
 
 # What libfuse 3's main returns when its loop ended with an error, a signal included.

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmfs.errors import MmfsError, MountError
+from mmfs.mount import access
 from mmfs.mount.libfuse import fusermount
 from mmfs.mount.options import MountOptions, parse_mount_options
 from mmfs.storage import close_range_caches
@@ -56,8 +57,8 @@ def _unescape_mountinfo(field: str) -> str:
     return "".join(out)
 
 
-def mount_type(path: str) -> str | None:
-    """The file system type mounted at `path` ("fuse.mmfs", ...), or None."""
+def mount_entry(path: str) -> tuple[str, str] | None:
+    """(file system type, source) of what is mounted at `path` ("fuse", "mmfs:demo.yaml"), or None."""
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
@@ -68,8 +69,15 @@ def mount_type(path: str) -> str | None:
         left, sep, right = line.partition(" - ")
         fields = left.split()
         if sep and len(fields) >= 5 and _unescape_mountinfo(fields[4]) == path:
-            found = right.split()[0] if right.split() else "unknown"  # the last one wins
+            kind = right.split() + ["unknown", ""]
+            found = (kind[0], _unescape_mountinfo(kind[1]))  # the last one wins
     return found
+
+
+def mount_type(path: str) -> str | None:
+    """The file system type mounted at `path` ("fuse", ...), or None."""
+    entry = mount_entry(path)
+    return entry[0] if entry else None
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,26 @@ def mount_point_state(path: str) -> MountPointState:
     except OSError as exc:
         raise MountError(f"{path}: cannot list it ({exc.strerror})") from None
     return MountPointState(path, "empty" if empty else "not-empty")
+
+
+def is_mmfs_source(source: str) -> bool:
+    """Whether a mount's source (mountinfo's) is one mmfs names ("mmfs:<config>")."""
+    return source.startswith("mmfs:")
+
+
+def clear_stale(path: str) -> bool:
+    """Unmount a stale mmfs mount at `path` (its daemon gone: ENOTCONN), lazily when a
+    process still holds it; whether there was one to clear. A live mount, or a stale
+    one of another file system, is left alone (check_mount_point refuses it)."""
+    s = mount_point_state(path)
+    entry = mount_entry(os.path.realpath(path))
+    if s.state != "stale" or entry is None or not is_mmfs_source(entry[1]):
+        return False
+    try:
+        unmount(path)
+    except MountError:
+        unmount(path, lazy=True)  # busy (a shell still in it, a reader's open file): detach it
+    return True
 
 
 def check_mount_point(path: str, allow_nonempty: bool = False) -> None:
@@ -230,9 +258,11 @@ def spawn_daemon(
     return pid
 
 
-def wait_until_mounted(mountpoint: str, pid: int, log_path: str, timeout: float = READY_TIMEOUT) -> None:
+def wait_until_mounted(mountpoint: str, pid: int, log_path: str, timeout: float = READY_TIMEOUT,
+                       hint: str = "") -> None:
     """Return once `mountpoint` answers (its mmfs.json can be stat'ed);
-    MountError if the daemon dies first or does not answer in time."""
+    MountError if the daemon dies first (with `hint` after its reason) or does not
+    answer in time."""
     probe = os.path.join(mountpoint, "mmfs.json")
     deadline = time.monotonic() + timeout
     delay = 0.002
@@ -240,7 +270,7 @@ def wait_until_mounted(mountpoint: str, pid: int, log_path: str, timeout: float 
         done, _status = os.waitpid(pid, os.WNOHANG)
         if done:
             raise MountError(f"{mountpoint}: the mmfs daemon exited before the mount answered: "
-                             f"{_why_it_exited(log_path)} (log: {log_path})")
+                             f"{_why_it_exited(log_path)}{hint} (log: {log_path})")
         if os.path.ismount(mountpoint):
             try:
                 os.stat(probe)
@@ -289,22 +319,34 @@ def mount_command(args: argparse.Namespace) -> int:
 
     mountpoint = os.path.abspath(args.mountpoint)
     options = parse_mount_options(args.options)
-    check_mount_point(mountpoint, allow_nonempty=options.nonempty)
     quiet = bool(getattr(args, "quiet", False))
+    # A mount left by a daemon that is gone (a requeued job's node, a killed job): cleared.
+    if clear_stale(mountpoint):
+        print(f"mmfs: cleared a stale mmfs mount on {mountpoint} (its daemon was gone)", file=sys.stderr)
+    check_mount_point(mountpoint, allow_nonempty=options.nonempty)
+    # Where FUSE is not allowed (a container, a pod), say why and what to change before building.
+    why = access.why_not(options.fuse)
+    if why is not None:
+        raise MountError(why)
     tree = open_tree(args.config, options, progress=not quiet, freeze=True)
     # Someone may have mounted there while the indices were built.
     check_mount_point(mountpoint, allow_nonempty=options.nonempty)
 
+    # libfuse's own words are passed on; the options are worth a look only when some were given.
+    hint = f"; check the -o options ({args.options})" if options.fuse else ""
     if args.foreground:
         log.info("serving %s on %s; Ctrl-C or `mmfs umount %s` unmounts", args.config, mountpoint, mountpoint)
-        serve(tree, mountpoint, options)
+        try:
+            serve(tree, mountpoint, options)
+        except MountError as exc:
+            raise MountError(f"{exc}{hint if 'libfuse' in str(exc) else ''}") from None
         return 0
 
     log_path = os.path.abspath(args.log or default_log_path(mountpoint))
     level = logging.getLogger().getEffectiveLevel()
     pid = spawn_daemon(tree, mountpoint, options, log_path, level)
     try:
-        wait_until_mounted(mountpoint, pid, log_path)
+        wait_until_mounted(mountpoint, pid, log_path, hint=hint)
     except KeyboardInterrupt:  # Ctrl-C while waiting: leave nothing behind
         os.kill(pid, signal.SIGTERM)
         raise

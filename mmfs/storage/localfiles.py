@@ -111,11 +111,24 @@ class Counts(NamedTuple):
     changed: int  # opens refused: not the file registered
 
 
+_U64 = (1 << 64) - 1
+
+
+def identity_words(identity: tuple[int, int, int] | None) -> tuple[int, int, int, int]:
+    """A file's identity as the C core holds it: (known, size, mtime_ns, inode), each
+    an unsigned 64-bit word (mmfs_files.h). stat's inode numbers are unsigned and
+    reach 2^63 and beyond on FUSE and network file systems (rclone's); a time before
+    1970 is negative: kept as its two's complement, compared as such."""
+    if identity is None:
+        return (0, 0, 0, 0)
+    size, mtime_ns, inode = identity
+    return (1, size & _U64, mtime_ns & _U64, inode & _U64)
+
+
 def register(path: str, identity: tuple[int, int, int] | None) -> int:
     """A file's id in the table (nothing is opened). identity: (size, mtime_ns,
     inode) as the indices were made from it; None: as first opened."""
-    size, mtime_ns, inode = identity if identity is not None else (-1, -1, -1)
-    file = lib.mmfs_file_add(path.encode("utf-8", "surrogateescape"), size, mtime_ns, inode)
+    file = lib.mmfs_file_add(path.encode("utf-8", "surrogateescape"), identity_words(identity))
     if file < 0:
         raise MemoryError(f"{path}: no memory for the open-files table")
     return file
