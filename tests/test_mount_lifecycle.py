@@ -4,6 +4,7 @@ split listed without the daemon growing."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -15,9 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from golden_cases import GOLDEN, write_case_config
+from golden_cases import GOLDEN, expected_samples, write_case_config
 from mount_fixtures import (
     HANG_GUARD,
     ROOT,
@@ -132,27 +134,73 @@ def test_lazy_umount_of_a_busy_mount(tmp_path, p2_config):
         stop_mount(m)
 
 
-def test_sigkill_leaves_a_stale_mount_that_umount_clears(tmp_path, p2_config):
+def _exact(mnt: Path) -> None:
+    rows = expected_samples("p2_blend2_u16", "train")
+    folder = mnt / "train" / "samples"
+    assert [(folder / f"{i:07d}.bin").read_bytes() for i in range(len(rows))] == \
+        [r.astype(np.uint16).tobytes() for r in rows]
+
+
+def _killed(config: Path, mnt: Path, hold: bool = False) -> int | None:
+    """Mount, then SIGKILL the daemon: a stale mount (ENOTCONN) is left. hold: a sample
+    file kept open across it (a reader of the killed job), so only a lazy unmount clears it."""
+    m = start_mount(config, mnt)
+    fd = os.open(mnt / "samples" / "0000000.bin", os.O_RDONLY) if hold else None
+    os.kill(m.pid, signal.SIGKILL)
+    assert wait_gone(m.pid)
+    with pytest.raises(OSError) as exc:
+        os.listdir(mnt)
+    # "Transport endpoint is not connected", or "Software caused connection
+    # abort" when the kernel saw the daemon's /dev/fuse closed under it.
+    assert exc.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    return fd
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["idle", "a file still open"])
+def test_mount_over_a_stale_mount_clears_it_and_serves_exactly(tmp_path, p2_config, hold):
+    """A requeued job on a node whose previous daemon was killed: `mmfs mount` clears the
+    stale mount (lazily when a file is still open in it), says so in one line, mounts,
+    and serves Megatron's samples exactly; `mmfs umount` clears one too."""
     mnt = tmp_path / "mnt"
-    m = start_mount(p2_config, mnt)
+    fd = _killed(p2_config, mnt, hold)
     try:
-        os.kill(m.pid, signal.SIGKILL)
-        assert wait_gone(m.pid)
-        with pytest.raises(OSError) as exc:
-            os.listdir(mnt)
-        # "Transport endpoint is not connected", or "Software caused connection
-        # abort" when the kernel saw the daemon's /dev/fuse closed under it.
-        assert exc.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+        proc = mmfs("mount", "-q", p2_config, mnt, "--log", tmp_path / "again.log")
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        said = [line for line in proc.stderr.splitlines() if "stale" in line]
+        assert said == [f"mmfs: cleared a stale mmfs mount on {mnt} (its daemon was gone)"], proc.stderr
+        _exact(mnt)
+        # A live mount there is still refused, in one line; the live one serves on.
         line = _one_error_line(mmfs("mount", p2_config, mnt))
-        assert "stale" in line and f"mmfs umount {mnt}" in line
+        assert "already a mount point" in line and f"mmfs umount {mnt}" in line
+        _exact(mnt)
+        assert mmfs("umount", mnt).returncode == 0 and not is_mounted(mnt)
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):  # its flush finds the killed daemon's connection gone
+                os.close(fd)
+        force_unmount(mnt)
+    fd = _killed(p2_config, mnt)
+    try:
         proc = mmfs("umount", mnt)
         assert proc.returncode == 0, proc.stderr
         assert not is_mounted(mnt) and os.listdir(mnt) == []
-        # and it mounts again
-        with mounted(p2_config, mnt) as again:
-            assert (again.path / "samples" / "0000000.bin").stat().st_size == 258
     finally:
         force_unmount(mnt)
+
+
+def test_a_stale_mount_of_another_file_system_is_not_cleared(tmp_path, p2_config):
+    """Only a stale mmfs mount is cleared: another file system's dead mount is named."""
+    from big_inode_fs import serving
+
+    (tmp_path / "src").mkdir()
+    mnt = tmp_path / "mnt"
+    with serving(tmp_path / "src", mnt):
+        helper = subprocess.run(["pgrep", "-f", f"big_inode_fs.py {tmp_path / 'src'}"], capture_output=True,
+                                text=True).stdout.split()
+        os.kill(int(helper[0]), signal.SIGKILL)
+        assert wait_gone(int(helper[0]))
+        line = _one_error_line(mmfs("mount", p2_config, mnt))
+        assert "stale" in line and f"mmfs umount {mnt}" in line
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
