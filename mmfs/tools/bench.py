@@ -294,7 +294,7 @@ def _parse_readers(text: str) -> list[int]:
 
 def run(target: str, n: int, readers: list[int], options: str = "") -> dict[str, Any]:
     """Bench a mount point, or mount a config in a temporary directory and bench that."""
-    from mmfs.mount.lifecycle import mount_point_state
+    from mmfs.mount.mountpoint import mount_point_state
 
     if os.path.isdir(target):
         if mount_point_state(os.path.abspath(target)).state != "mounted":
