@@ -111,13 +111,19 @@ def test_a_golden_blend_on_an_rclone_mount(tmp_path):
     shutil.copytree(GOLDEN / "data", tmp_path / "src")
     target = tmp_path / "rc"
     target.mkdir()
-    proc = subprocess.Popen([rclone, "mount", "--config", str(tmp_path / "rclone.conf"), "--read-only",
-                             "--vfs-cache-mode", "off", str(tmp_path / "src"), str(target)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = tmp_path / "rclone.log"  # a file: a pipe nobody reads could fill and block it
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([rclone, "mount", "--config", str(tmp_path / "rclone.conf"), "--read-only",
+                                 "--vfs-cache-mode", "off", str(tmp_path / "src"), str(target)],
+                                stdout=out, stderr=out)
     try:
         wait_for(lambda: is_mounted(target) and os.path.exists(target / "u16_docs.idx") or proc.poll() is not None,
                  "rclone mounts")
-        assert proc.poll() is None, proc.stderr.read().decode()
+        assert proc.poll() is None, log.read_text()
+        # rclone's inode numbers are hashes of the names: u16_docs.bin's and u16_small.idx's are above 2^63.
+        inodes = [os.stat(target / name).st_ino for name in ("u16_docs.bin", "u16_docs.idx", "u16_small.bin",
+                                                             "u16_small.idx")]
+        assert max(inodes) >= 1 << 63, inodes
         config = _golden_on(target, tmp_path)
         with mounted(config, tmp_path / "mnt") as m:
             _assert_exact(m.path)
