@@ -63,17 +63,22 @@ def _one_line(proc: subprocess.CompletedProcess, mnt: Path, *words: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("instead", ["a regular file", "another device"])
+@pytest.mark.parametrize("instead", ["nothing", "a regular file", "another device"])
 def test_no_fuse_device(place, instead):
-    """/dev/fuse covered in a private mount namespace (a container without the device)."""
+    """/dev/fuse absent or covered, in a private mount namespace (a container without
+    the device: a /dev of its own, with /dev/null)."""
     config, mnt, top = place
-    cover = "/dev/null"
-    if instead == "a regular file":
-        cover = str(top / "empty")
-        Path(cover).write_bytes(b"")
-    proc = _run(f"mount --bind {cover} /dev/fuse && exec {_mount_command(config, mnt)}", prefix=("unshare", "-m"))
+    if instead == "nothing":
+        hide = "mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3"
+    else:
+        cover = "/dev/null"
+        if instead == "a regular file":
+            cover = str(top / "empty")
+            Path(cover).write_bytes(b"")
+        hide = f"mount --bind {cover} /dev/fuse"
+    proc = _run(f"{hide} && exec {_mount_command(config, mnt)}", prefix=("unshare", "-m"))
     line = _one_line(proc, mnt, "/dev/fuse", CONTAINER, "Kubernetes")
-    assert "no FUSE device" in line or "not the FUSE device" in line
+    assert ("there is no FUSE device" if instead == "nothing" else "is not the FUSE device") in line
 
 
 def test_no_cap_sys_admin(place):
