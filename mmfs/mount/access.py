@@ -24,7 +24,8 @@ CONTAINER_FIX = ("in a container, run it with `--device /dev/fuse --cap-add SYS_
                  "add `--security-opt apparmor:unconfined` where AppArmor confines it); in Kubernetes, "
                  "a pod with `securityContext: {privileged: true}`, or the FUSE device from a device "
                  "plugin and `capabilities: {add: [SYS_ADMIN]}`")
-IN_PROCESS = "or read the data in-process with mmfs.loader.Mount(CONFIG), which needs no FUSE at all"
+IN_PROCESS = ("or read the data in-process with mmfs.loader.Mount(CONFIG) (the Megatron provider: "
+              "MMFS_MOUNT=CONFIG), which needs no FUSE at all")
 
 
 def _status_field(name: str, path: str = "/proc/self/status") -> str | None:
