@@ -55,11 +55,9 @@ report-png: install browser
 	$(PY) -m mmfs.tools.demo --screenshot docs/report.png
 
 # Two pytest workers (pytest-xdist); TEST_WORKERS=0 runs the suite in one process.
-# loadgroup: the tests of one xdist_group run on one worker (tests/test_wheel.py's
-# share one wheel build), the others wherever a worker is free.
 TEST_WORKERS ?= 2
 test: install-test browser
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 bench: install
 	$(PY) -m mmfs.cli bench --help

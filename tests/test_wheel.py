@@ -7,6 +7,7 @@ against the installed `mmfs` command, mounting for real."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -19,9 +20,6 @@ import pytest
 from source_copy import copy_source
 
 from mount_fixtures import HANG_GUARD, ROOT, force_unmount
-
-# One wheel build for the module: its tests run on one worker (`make test`: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("wheel")
 
 # What an optional extra brings (pyproject's optional-dependencies): a module that
 # imports one of these at its top may fail to import without it, and only so.
@@ -56,12 +54,11 @@ def _venv_python(venv: Path, code: str, cwd: Path, *args: str) -> subprocess.Com
                           cwd=cwd, env=_clean_env(), timeout=HANG_GUARD)
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """(venv, its site-packages' mmfs files) after `pip wheel .` and a plain install of the wheel."""
+def _build_and_install(top: Path) -> None:
+    """`pip wheel` of a copy of the source into top/dist, and a plain install of it
+    into the fresh virtual environment top/venv."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.fail("building the wheel needs a C compiler (cc); install gcc")
-    top = tmp_path_factory.mktemp("wheel")
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                             "-w", str(top / "dist"), str(copy_source(top / "src"))], capture_output=True, text=True,
                            cwd=top, env=_clean_env(), timeout=HANG_GUARD)
@@ -74,6 +71,26 @@ def installed(tmp_path_factory):
                           str(wheel)], capture_output=True, text=True, cwd=top, env=_clean_env(),
                          timeout=HANG_GUARD)
     assert pip.returncode == 0, pip.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(venv, the installed mmfs's files, a folder) after `pip wheel .` and a plain
+    install of the wheel: built once per run, also when the module's tests are spread
+    over pytest-xdist's workers (the first builds under a lock in the folder they share,
+    the others take what it made)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    top = shared / "wheel"
+    with open(shared / "wheel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (top / "installed").exists():
+            shutil.rmtree(top, ignore_errors=True)
+            top.mkdir()
+            _build_and_install(top)
+            (top / "installed").touch()
+    venv = top / "venv"
     listed = _venv_python(venv, "import importlib.metadata as m, json; "
                           "print(json.dumps([str(f) for f in m.files('mmfs')]))", top)
     assert listed.returncode == 0, listed.stderr
@@ -142,11 +159,11 @@ def test_the_provider_imports_with_numpy_alone(installed):
     assert set(json.loads(proc.stdout)) <= {"numpy", "mmfs"}, proc.stdout
 
 
-def test_the_readme_tour_runs_against_the_installed_command(installed):
+def test_the_readme_tour_runs_against_the_installed_command(installed, tmp_path):
     """README.md's sh blocks (mount, look, unmount; the training stream; preprocess),
     run by the `mmfs` of the virtual environment on the demo corpus it builds."""
-    venv, _, top = installed
-    work = top / "tour-work"
+    venv, _, _ = installed
+    work = tmp_path / "tour-work"
     work.mkdir()
     made = _venv_python(venv, "from pathlib import Path; from mmfs.tools.demo import build_data, config_text; "
                         "build_data(Path('demo-data')); Path('configs').mkdir(); Path('configs/demo.yaml')"
