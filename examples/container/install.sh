@@ -7,8 +7,7 @@
 #   install.sh SOURCE_DIR  build the wheel from a checkout first (needs a C compiler)
 #
 # MMFS_VENV: the virtual environment mmfs goes into (default /opt/mmfs; its bin/ holds
-# the `mmfs` command). MMFS_LIBFUSE=3 or 2: only that libfuse (default: libfuse 3's
-# tools, both libraries).
+# the `mmfs` command). MMFS_LIBFUSE=2 installs libfuse 2 instead of libfuse 3.
 set -eu
 
 src=${1:?usage: install.sh WHEEL_OR_SOURCE_DIR}
@@ -25,14 +24,12 @@ known() {
 }
 
 # The FUSE tools (fusermount3, or fusermount) and library the mount loads, the
-# Python to run mmfs, and getfattr for looking at a mount. By default libfuse 3's tools
-# with both libraries (the mount prefers libfuse 3; an mmfs from before it loads
-# libfuse 2); MMFS_LIBFUSE=3 or 2: that one alone.
-case ${MMFS_LIBFUSE:-both} in
-    2) fuse="fuse libfuse2" ;;
-    3) fuse="fuse3 libfuse3-3" ;;
-    *) fuse="fuse3 libfuse3-3 libfuse2" ;;
-esac
+# Python to run mmfs, and getfattr for looking at a mount.
+if [ "${MMFS_LIBFUSE:-3}" = 2 ]; then
+    fuse="fuse libfuse2"
+else
+    fuse="fuse3 libfuse3-3"
+fi
 want="$fuse python3 python3-venv attr"
 if [ -d "$src" ]; then
     want="$want gcc python3-dev"  # the C core is compiled into the wheel

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import stat
+
+from mmfs.mount.libfuse import fusermount
 
 FUSE_DEVICE = "/dev/fuse"
 FUSE_DEVICE_NUMBER = os.makedev(10, 229)  # misc device 229, on every Linux
@@ -50,11 +51,6 @@ def _has_capability(field: str, cap: int = CAP_SYS_ADMIN) -> bool | None:
         return None
 
 
-def fusermount() -> str | None:
-    """The fusermount of the libfuse the mount uses (fusermount3 for libfuse 3)."""
-    return shutil.which("fusermount3") or shutil.which("fusermount")
-
-
 def _allows_other(conf: str = FUSE_CONF) -> bool:
     try:
         with open(conf, encoding="utf-8", errors="replace") as f:
@@ -88,7 +84,7 @@ def why_not(fuse_options: dict | None = None, device: str = FUSE_DEVICE) -> str 
         return (f"cannot mount: mounting is not permitted here (no CAP_SYS_ADMIN{'' if root else ' for fusermount'}); "
                 f"{CONTAINER_FIX}; {IN_PROCESS}")
     if not root:
-        tool = fusermount()
+        tool = fusermount()  # fusermount3 for libfuse 3, fusermount for libfuse 2
         if tool is None:
             return (f"cannot mount: fusermount is not installed (a user who is not root mounts through it); "
                     f"install the fuse3 package (or fuse for libfuse 2), or mount as root; {IN_PROCESS}")
