@@ -1,10 +1,15 @@
 """The files a Megatron-LM job reads from a mount, copied into a plain folder, for a
-machine where FUSE cannot run (a container without /dev/fuse): mount on a machine
-that can, copy, bring the folder, and point the provider at it. The provider reads
-the copy the same way (mmfs.loader.Mount takes a folder of a mount's files).
+machine where FUSE cannot run (a container without /dev/fuse): copy on a machine that
+has the data, bring the folder, and point the provider at it. The provider reads the
+copy the same way (mmfs.loader.Mount takes a folder of a mount's files).
 
     copy_job_files("/mnt/data", "run-files", data_parallel_size=8,
                    reads={"train": (4, 0, 1000), "valid": (4, 0, 40)})   # split: (mbs, from, micro-batches)
+    copy_job_files("run.yaml", "run-files", ...)   # from the config itself, served in this process, no mount
+
+The files are read through the Mount's file interface (mmfs/loader/files.py): the
+kernel's for a mount point, the C core's in this process for a config, so a copy made
+from a config holds the same bytes, attributes and manifest as one made from a mount of it.
 
 The copy holds mmfs.json, each rank's micro-batch files of the streams the job reads
 (`<split>/streams/dp=D,mbs=M,from=C/RRR/NNNNNNN.bin`, as many as it reads; a restart
@@ -28,13 +33,14 @@ from collections.abc import Iterable
 from mmfs.adapters.megatron import rank_stream_files
 from mmfs.loader import COPIED_ATTRIBUTES, Mount
 from mmfs.loader.copy_check import COPY_FORMAT, COPY_MANIFEST, DIGEST, digest, file_digest, stream_ends, stream_numbers
-from mmfs.loader.files import copied_attributes
+from mmfs.loader.files import copied_attributes, read_file
 from mmfs.mount import contract
 
 
 def copy_job_files(mount_path: str | os.PathLike, dest: str | os.PathLike, data_parallel_size: int,
                    reads: dict[str, tuple[int, int, int]]) -> dict[str, int]:
-    """Copy what every data-parallel rank reads of each split: reads[split] =
+    """Copy what every data-parallel rank reads of each split (of a mount point, or of a
+    config served in this process): reads[split] =
     (micro_batch_size, consumed_samples it starts at, micro-batches per rank[, the
     restart phase whose own valid or test it reads]). Returns the files and bytes copied."""
     mount = Mount(mount_path)
@@ -64,14 +70,14 @@ def copy_files(mount: Mount, dest: str | os.PathLike, paths: Iterable[str]) -> d
     folders = {os.path.join(dest, rel) for rel in (before or {}).get("streams", {})}
     folders.update(os.path.join(root, d) for root, dirs, _ in os.walk(dest) for d in dirs
                    if os.path.basename(root) != contract.PHASES and d.isdigit())  # rank folders (made by the caller)
-    files[contract.MANIFEST] = list(_copy(os.path.join(mount.path, contract.MANIFEST),
+    files[contract.MANIFEST] = list(_copy(mount, os.path.join(mount.path, contract.MANIFEST),
                                           os.path.join(dest, contract.MANIFEST)))
     copied = size = 0
     for path in paths:
         rel = os.path.relpath(path, mount.path)
         target = os.path.join(dest, rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        files[rel] = list(_copy(path, target))
+        files[rel] = list(_copy(mount, path, target))
         folders.add(os.path.dirname(target))
         copied += 1
         size += files[rel][0]
@@ -122,15 +128,15 @@ def _leftovers_removed(folder: str, rel: str, files: dict[str, list]) -> list[st
     return names
 
 
-def _copy(source: str, target: str) -> tuple[int, str]:
-    """Copy one file (read whole: micro-batch files are small), (its size, digest)."""
-    with open(source, "rb") as f:
-        data = f.read()
+def _copy(mount: Mount, source: str, target: str) -> tuple[int, str]:
+    """Copy one file of the mount (read whole through its file interface: micro-batch
+    files are small; a failed read is the loader's one line), (its size, digest)."""
+    data = read_file(mount.files, source)
     _write(target, data)
     return len(data), digest(data)
 
 
-def _write(path: str, data: bytes) -> None:
+def _write(path: str, data: bytes | bytearray) -> None:
     """Write a file whole under a temporary name, then rename it into place (a copy cut
     short leaves no file of the wrong size under a real name)."""
     tmp = f"{path}.tmp{os.getpid()}"
