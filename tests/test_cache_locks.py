@@ -1,6 +1,7 @@
 """Many builders, one cache: build locks, killed builders, temporary files, the
 re-open path's reads, and what the cache says when it cannot be written."""
 
+import errno
 import json
 import logging
 import os
@@ -177,7 +178,16 @@ def test_cache_write_problems_say_what_to_do(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
     exc = OSError(17, "File exists")
-    assert "is a file, not a folder; set cache_dir" in write_problem(str(afile), exc)
+    assert write_problem(str(afile), exc).startswith(f"{afile} is a file, not a folder; set cache_dir")
+    # a folder under the file: the file is named, and what to do
+    for under in (afile / "cache", afile / "cache" / "deeper"):
+        said = write_problem(str(under), OSError(errno.ENOTDIR, "Not a directory"))
+        assert said.startswith(f"{afile} (in {under}'s path) is a file, not a folder; set cache_dir"), said
+        assert "not under it, or move it away" in said and f"{afile}/cache is a file" not in said
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    said = write_problem(str(tmp_path / "gone" / "cache"), OSError(errno.EEXIST, "File exists"))
+    assert said.startswith(f"{tmp_path / 'gone'} (in {tmp_path / 'gone' / 'cache'}'s path) is a broken symbolic "
+                           "link, not a folder"), said
     full = OSError("5860 requested and 4064 written")
     assert "no space left" in write_problem(str(tmp_path), full)
     assert "cache_dir" in write_problem(str(tmp_path), full)

@@ -55,10 +55,16 @@ def test_a_cache_dir_that_cannot_be_created_is_not_called_full(tmp_path):
         raw["cache_dir"] = str(cache)
         config.write_text(yaml.safe_dump(raw))
         proc = mmfs("build", config)
-        assert proc.returncode == 0, proc.stderr
+        assert proc.returncode == 0, proc.stderr  # built in memory, said in one line
         assert f"cache_dir {cache} cannot be created" in proc.stderr, proc.stderr
         assert "free" not in proc.stderr and "unreadable" not in proc.stderr, proc.stderr
         assert proc.stderr.count("cannot be created") == 1
+        told = [ln for ln in proc.stderr.splitlines() if "cache" in ln and "from cache" not in ln]
+        assert len(told) == 1, proc.stderr  # the writer does not say it again
+        if "afile" in str(cache):  # the file in the way is named, not the folder under it
+            assert f"{tmp_path / 'afile'} (in {cache}'s path) is a file, not a folder; set cache_dir in the " \
+                   "config to a folder not under it, or move it away" in told[0], told[0]
+            assert f"{cache} is a file" not in told[0]
 
 
 def test_the_lines_of_a_many_dataset_blend_are_summarised(tmp_path):

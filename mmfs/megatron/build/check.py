@@ -13,6 +13,7 @@ import numpy as np
 
 from mmfs.errors import ConfigError, FormatError
 from mmfs.formats.chunks import element_offset, iter_array
+from mmfs.megatron.cache.write import not_a_folder, told_once
 from mmfs.megatron.indices.gpt import INT32_MAX, GptParams, gib, plan_epochs, predict_gpt_size
 
 log = logging.getLogger(__name__)
@@ -118,19 +119,17 @@ def free_disk(folder: str) -> int | None:
         return None
 
 
-_TOLD: set[str] = set()  # cache folders already said to be uncreatable
-
-
 def uncreatable(folder: str) -> str | None:
-    """Why `folder` cannot be made (a file in its path, no permission, a file system
-    that makes no folders), or None where it is there or was made now: the build makes
-    it anyway, and only making it tells (free space below an uncreatable folder is the
-    free space of some other file system)."""
+    """Why `folder` cannot be made and what to do (a file in its path: that file named;
+    no permission, a file system that makes no folders), or None where it is there or
+    was made now: the build makes it anyway, and only making it tells (free space below
+    an uncreatable folder is the free space of some other file system)."""
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
-        return exc.strerror or str(exc)
-    return None if os.path.isdir(folder) else "not a directory"
+        why = not_a_folder(folder)
+        return why or f"{exc.strerror or exc}; set cache_dir to a folder this user can create"
+    return None if os.path.isdir(folder) else not_a_folder(folder)
 
 
 def check_gpt_build(dataset, p: GptParams, cache_folder: str | None, config_path: str,
@@ -166,10 +165,9 @@ def check_gpt_build(dataset, p: GptParams, cache_folder: str | None, config_path
         raise ConfigError(f"{prefix} more than 2**31 - 1 epochs, beyond Megatron's int32 "
                           f"epoch count; {fix}")
     if cache_folder is not None and (why := uncreatable(cache_folder)) is not None:
-        if cache_folder not in _TOLD:  # once per folder, not once per dataset
-            _TOLD.add(cache_folder)
-            log.warning("%s: cache_dir %s cannot be created (%s); the indices are built in memory and not cached: "
-                        "set cache_dir to a folder this user can create", config_path, cache_folder, why)
+        if told_once(cache_folder):  # once per folder, not once per dataset
+            log.warning("%s: cache_dir %s cannot be created, so the indices are built in memory and not "
+                        "cached: %s", config_path, cache_folder, why)
         return tokens
     free = None if cache_folder is None else free_disk(cache_folder)
     if free is not None and size.total > free:

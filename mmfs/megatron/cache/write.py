@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 TEMP_PREFIX = ".tmp-"
 STALE_TEMP_AGE = 24 * 3600.0  # a temporary file of another host older than this is dead
 
-
+_TOLD: set[str] = set()  # cache folders said (once per process) to be impossible to make
 
 
 _RUN = uuid.uuid4().hex[:8]  # with the pid and a count: unique, without a uuid per file
@@ -85,14 +85,48 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
+def file_in_the_way(folder: str) -> str | None:
+    """The part of `folder`'s path that is not a folder (`folder` itself, or the first
+    one above it that is a file or a broken link), or None where there is none."""
+    path = os.path.abspath(folder)
+    at = os.sep
+    for part in path.split(os.sep):
+        at = os.path.join(at, part)
+        if os.path.lexists(at) and not os.path.isdir(at):
+            return at
+    return None
+
+
+def not_a_folder(folder: str) -> str | None:
+    """Where `folder` cannot be a folder because a file is in its path: in words, naming
+    that file and what to do; else None."""
+    blocker = file_in_the_way(folder)
+    if blocker is None:
+        return None
+    what = "a file" if os.path.exists(blocker) else "a broken symbolic link"
+    if blocker == os.path.abspath(folder):
+        return f"{folder} is {what}, not a folder; set cache_dir in the config to a folder (or move the file away)"
+    return (f"{blocker} (in {folder}'s path) is {what}, not a folder; set cache_dir in the config to a folder "
+            "not under it, or move it away")
+
+
+def told_once(folder: str) -> bool:
+    """True the first time in this process a cache folder is said to be impossible to
+    make (the check before a build says it; the writer then does not say it again)."""
+    if folder in _TOLD:
+        return False
+    _TOLD.add(folder)
+    return True
+
+
 def write_problem(folder: str, exc: OSError) -> str:
     """What went wrong writing the cache in `folder`, and what to do, in words."""
     code = exc.errno
     text = str(exc)
-    if code in (errno.EEXIST, errno.ENOTDIR) and (os.path.exists(folder)
-                                                   and not os.path.isdir(folder)
-                                                   or code == errno.ENOTDIR):
-        return (f"{folder} is a file, not a folder; set cache_dir in the config to a folder "
+    if code in (errno.EEXIST, errno.ENOTDIR) and (why := not_a_folder(folder)) is not None:
+        return why
+    if code == errno.ENOTDIR:  # (the file was gone by the time it was looked for)
+        return (f"a part of {folder}'s path is a file, not a folder; set cache_dir in the config to a folder "
                 "(or move the file away)")
     if code in (errno.ENOSPC, errno.EDQUOT) or "requested and" in text:
         return (f"no space left in {folder} (disk or quota full); free some space or set "
@@ -138,6 +172,8 @@ class Batch:
             if folder in self._warned:
                 return
             self._warned.add(folder)
+        if any(folder == t or folder.startswith(t + os.sep) for t in list(_TOLD)):
+            return  # the check before the build said why this folder cannot be made
         log.warning("cannot write the index cache: %s. Indices stay in memory.", message)
 
     def _take(self) -> tuple[list[tuple[str, str]], list[Lock]]:
