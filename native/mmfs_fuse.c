@@ -220,7 +220,7 @@ static void tell(mmfs_read_hook hook, const char *path) {
 static int read_counted(const char *path, char *buf, size_t size, int64_t offset, void *fi) {
     int rc;
     int32_t d;
-    int64_t file, failed;
+    int64_t file = 0, failed = 0; /* set by read_locked where it does not answer */
     mmfs_read_hook hook = __atomic_load_n(&g_read_hook, __ATOMIC_ACQUIRE);
     if (hook && offset == 0) tell(hook, path);
     pthread_rwlock_rdlock(&g_dyn_lock);
