@@ -36,7 +36,7 @@ COMMANDS = {
     "which": "mmfs.tools.which:which_command",
     "resume-check": "mmfs.tools.resume_check:resume_check_command",
     "phases": "mmfs.tools.phases:phases_command",
-    "config": "mmfs.tools.megatron.phase_args:config_command",  # one launch, or one per phase
+    "config": "mmfs.tools.megatron.bridge:config_command",  # --from-bridge; else phase_args' (one launch or per phase)
     "preprocess": "mmfs.tools.preprocess.command:preprocess_command",
     "report": "mmfs.tools.report.command:report_command",
 }
@@ -78,10 +78,22 @@ def add_config_parser(sub, common: argparse.ArgumentParser) -> None:
     p = add_command(sub, common, "config", "print the YAML config of Megatron-LM launch arguments",
                     "Flags that change which samples a rank reads and that mmfs does not model are refused or "
                     "warned about, naming the flag (docs/config.md).")
-    p.add_argument("--from-megatron", nargs=argparse.REMAINDER, required=True, metavar="ARGS",
-                   help="Megatron-LM's arguments (pretrain_gpt.py's), or @FILE holding them; the rest of the line. "
-                        "A run in phases (--phase-transition-iterations): one launch per phase, separated by "
-                        "--next-phase")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-megatron", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="Megatron-LM's arguments (pretrain_gpt.py's), or @FILE holding them; the rest of the "
+                             "line. A run in phases (--phase-transition-iterations): one launch per phase, separated "
+                             "by --next-phase")
+    source.add_argument("--from-bridge", nargs="+", metavar="RUN_CONFIG.yaml [KEY=VALUE",
+                        help="a Megatron-Bridge checkpoint's run_config.yaml and run_recipe.py's KEY=VALUE overrides "
+                             "(docs/bridge.md)")
+    bridge = p.add_argument_group("with --from-bridge")
+    size = bridge.add_mutually_exclusive_group()
+    size.add_argument("--world-size", type=int, metavar="N", help="the job's world size (default: WORLD_SIZE)")
+    size.add_argument("--data-parallel-size", type=int, metavar="D", help="the job's data-parallel size")
+    bridge.add_argument("--train-state", metavar="FILE",
+                        help="a checkpoint's train_state.pt (read with torch): where the resumed job reads from")
+    bridge.add_argument("--consumed-train-samples", type=int, metavar="C", help="the same without torch")
+    bridge.add_argument("--consumed-valid-samples", type=int, metavar="V", default=0, help="(with the above)")
 
 
 def build_parser() -> argparse.ArgumentParser:

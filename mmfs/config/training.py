@@ -20,10 +20,13 @@ from mmfs.config.safe_yaml import show
 
 # keys that shape the global batch size over the run and its length
 SCHEDULE_KEYS = {"rampup_batch_size", "step_batch_size_schedule", "train_samples"}
+# evaluation on its own layout (Megatron-Bridge: validation.eval_micro_batch_size,
+# eval_global_batch_size, and the cyclic sampler for valid; docs/bridge.md)
+EVAL_KEYS = {"eval_micro_batch_size", "eval_global_batch_size", "valid_dataloader_type"}
 TRAINING_KEYS = {
     "data_parallel_size", "micro_batch_size", "dataloader_type", "data_sharding",
     "global_batch_size", "train_iters", "eval_interval", "eval_iters",
-} | SCHEDULE_KEYS
+} | SCHEDULE_KEYS | EVAL_KEYS
 DATALOADER_TYPES = ("single", "cyclic")
 MEGATRON_EVAL_ITERS = 100  # megatron's default for --eval-iters
 
@@ -44,20 +47,32 @@ class TrainingConfig:
     step_batch_size_schedule: str | None = None
     train_samples: int | None = None
     schedule: BatchSchedule | None = None  # global batch size by iteration (set by load_config)
+    eval_micro_batch_size: int | None = None  # None: micro_batch_size
+    eval_global_batch_size: int | None = None  # None: Megatron's default (evaluation_batch_size)
+    valid_dataloader_type: str | None = None  # None: dataloader_type; Bridge: cyclic
 
-    def eval_global_batch_size(self) -> int:
-        """The global batch of every evaluation step (Megatron's evaluate(): its
-        eval_global_batch_size, by default args.global_batch_size, which is
+    def evaluation_batch_size(self) -> int:
+        """The global batch of every evaluation step: eval_global_batch_size, else
+        Megatron's evaluate() default, args.global_batch_size, which is
         micro_batch_size x data_parallel_size when not given, as with a step
-        schedule; a ramp-up evaluates at its final size)."""
-        return self.global_batch_size or self.micro_batch_size * self.data_parallel_size
+        schedule; a ramp-up evaluates at its final size."""
+        return self.eval_global_batch_size or self.global_batch_size or self.micro_batch_size * self.data_parallel_size
+
+    def layout(self, split: str) -> tuple[str, int]:
+        """(dataloader_type, micro_batch_size) of the sampler that reads `split`: train
+        the training's; valid and test the eval micro-batch size, valid its own sampler
+        (Megatron-Bridge validates with the cyclic sampler), test the training's."""
+        if split == "train":
+            return self.dataloader_type, self.micro_batch_size
+        mbs = self.eval_micro_batch_size or self.micro_batch_size
+        return (self.valid_dataloader_type or self.dataloader_type) if split == "valid" else self.dataloader_type, mbs
 
     def split_schedule(self, split: str) -> BatchSchedule | None:
         """The batches `split` is read in: training follows the schedule; valid and
         test read a constant eval_global_batch_size per evaluation step."""
         if split == "train" or self.schedule is None:
             return self.schedule
-        return constant_schedule(self.eval_global_batch_size())
+        return constant_schedule(self.evaluation_batch_size())
 
     def run_iterations(self, train_samples: int | None = None) -> int | None:
         """The iterations of the run: train_iters, else those of training.train_samples
@@ -76,11 +91,12 @@ class TrainingConfig:
         train_samples (get_train_valid_test_num_samples), or None without either."""
         if self.train_iters is None and self.train_samples is None:
             return None
-        gbs = self.eval_global_batch_size()
         iters = self.run_iterations()
         eval_iters = MEGATRON_EVAL_ITERS if self.eval_iters is None else self.eval_iters
+        gbs = self.evaluation_batch_size()
         return {
-            "train": self.train_samples if self.train_samples is not None else iters * gbs,
+            "train": self.train_samples if self.train_samples is not None
+            else iters * (self.global_batch_size or self.micro_batch_size * self.data_parallel_size),
             "valid": (iters // self.eval_interval + 1) * eval_iters * gbs,
             "test": eval_iters * gbs,
         }
@@ -89,6 +105,8 @@ class TrainingConfig:
         """The keys derived_samples() computes the split's count from, as a formula."""
         gbs = "training.global_batch_size" if self.global_batch_size else \
             "training.micro_batch_size × training.data_parallel_size"
+        if split != "train" and self.eval_global_batch_size:
+            gbs = "training.eval_global_batch_size"
         if split == "train":
             return "training.train_samples" if self.train_samples is not None else \
                 f"training.train_iters × {gbs}"
@@ -112,6 +130,7 @@ class TrainingConfig:
             "train_iters": self.train_iters,
             "eval_interval": self.eval_interval,
             "eval_iters": self.eval_iters,
+            **{k: getattr(self, k) for k in sorted(EVAL_KEYS) if getattr(self, k) is not None},
         }
 
 
@@ -145,7 +164,7 @@ def parse_training(value: Any, checker: Checker) -> TrainingConfig | None:
     sharding = value.get("data_sharding")
     if sharding is not None:
         sharding = checker.boolean(sharding, "training.data_sharding")
-        if kind != "cyclic":
+        if kind != "cyclic" and value.get("valid_dataloader_type") != "cyclic":
             raise checker.fail("training.data_sharding", "only applies with dataloader_type: cyclic")
     gbs = optional_int("global_batch_size", 1)
     if gbs is not None and gbs % (mbs * dp):
@@ -157,6 +176,7 @@ def parse_training(value: Any, checker: Checker) -> TrainingConfig | None:
     eval_interval = optional_int("eval_interval", 1)
     eval_iters = optional_int("eval_iters", 0)
     scheduled = _parse_schedule_keys(value, gbs, checker)
+    evals = _parse_eval_keys(value, mbs, dp, checker)
     if train_iters is not None and scheduled["train_samples"] is not None:
         raise checker.fail("training.train_samples", "give train_iters or train_samples, not both (Megatron asserts)")
     if train_iters is not None or scheduled["train_samples"] is not None:
@@ -171,7 +191,24 @@ def parse_training(value: Any, checker: Checker) -> TrainingConfig | None:
                 raise checker.fail(f"training.{key}", "only used with train_iters or train_samples "
                                                       "(to derive the sample counts)")
     return TrainingConfig(dp, mbs, kind, True if sharding is None else sharding, gbs, train_iters,
-                          eval_interval, eval_iters, **scheduled)
+                          eval_interval, eval_iters, **scheduled, **evals)
+
+
+def _parse_eval_keys(value: dict, mbs: int, dp: int, checker: Checker) -> dict[str, Any]:
+    """eval_micro_batch_size, eval_global_batch_size, valid_dataloader_type: evaluation
+    on a layout of its own, as Megatron-Bridge runs it."""
+    emb = value.get("eval_micro_batch_size")
+    emb = None if emb is None else checker.integer(emb, "training.eval_micro_batch_size", minimum=1)
+    egb = value.get("eval_global_batch_size")
+    egb = None if egb is None else checker.integer(egb, "training.eval_global_batch_size", minimum=1)
+    step = (emb or mbs) * dp
+    if egb is not None and egb % step:
+        raise checker.fail("training.eval_global_batch_size",
+                           f"{egb} is not a multiple of eval_micro_batch_size x data_parallel_size = {step}")
+    kind = value.get("valid_dataloader_type")
+    if kind is not None and kind not in DATALOADER_TYPES:
+        raise checker.fail("training.valid_dataloader_type", f"{kind!r} is not a dataloader type (single or cyclic)")
+    return {"eval_micro_batch_size": emb, "eval_global_batch_size": egb, "valid_dataloader_type": kind}
 
 
 def samples_with_training(samples: dict[str, int | None], training: TrainingConfig | None,

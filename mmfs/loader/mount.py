@@ -174,6 +174,12 @@ class Mount:
         return (e.get(contract.KEY_RANKS_PATH), int(e.get(contract.KEY_MICROBATCHES, 0)),
                 int(e.get(contract.KEY_MICROBATCH_NAME_WIDTH, contract.MIN_NAME_WIDTH)))
 
+    def micro_batch_size(self, split: str) -> int:
+        """The micro-batch size `split` is read in (evaluation may have its own)."""
+        t = self._training()
+        own = t.get(contract.KEY_SPLIT_LAYOUTS, {}).get(split, {})
+        return int(own.get(contract.KEY_MICRO_BATCH_SIZE, t[contract.KEY_MICRO_BATCH_SIZE]))
+
     def microbatches_per_rank(self, split: str, phase: int | None = None) -> int:
         return self._rank_files(split, phase)[1]
 
@@ -197,7 +203,7 @@ class Mount:
     def _first_microbatch(self, split: str, rank: int, consumed_samples: int, phase: int | None) -> int:
         t = self._training()
         rank, consumed_samples = whole("rank", rank), whole("consumed_samples", consumed_samples)
-        step = int(t[contract.KEY_MICRO_BATCH_SIZE]) * int(t[contract.KEY_DATA_PARALLEL_SIZE])
+        step = self.micro_batch_size(split) * int(t[contract.KEY_DATA_PARALLEL_SIZE])
         if consumed_samples % step:
             raise LoaderError(
                 f"consumed_samples {consumed_samples} is not a multiple of micro_batch_size x "
@@ -221,7 +227,7 @@ class Mount:
         from the one a job resumed at consumed_samples reads first (phase k: of phase k's
         own valid or test)."""
         start = self._first_microbatch(split, rank, consumed_samples, phase)
-        mbs = int(self._training()[contract.KEY_MICRO_BATCH_SIZE])
+        mbs = self.micro_batch_size(split)
         for j in range(start, self.microbatches_per_rank(split, phase)):
             yield self._rows(self.microbatch_path(split, rank, j, phase), mbs)
 

@@ -179,6 +179,9 @@ KEY_RANK_NAME_WIDTH = "rank_name_width"
 KEY_MICROBATCH_NAME_WIDTH = "microbatch_name_width"  # {split: width}
 KEY_RANKS_PATH = "ranks_path"  # {split: "train/ranks"}
 KEY_BYTES_PER_MICROBATCH = "bytes_per_microbatch"
+# {split: {micro_batch_size, sampler, bytes_per_microbatch}}: the sampler that reads each split
+# (evaluation on its own micro-batch size and sampler: Megatron-Bridge, docs/bridge.md)
+KEY_SPLIT_LAYOUTS = "split_layouts"
 
 
 # -- the C core's copy ----------------------------------------------------------------

@@ -36,6 +36,7 @@ from mmfs.mount.contract import (
     KEY_RANKS_PATH,
     KEY_SAMPLES,
     KEY_SEQUENCE_LENGTH,
+    KEY_SPLIT_LAYOUTS,
     KEY_SPLITS,
     KEY_STREAMS_PATH,
     KEY_TOKENS_PER_SAMPLE,
@@ -106,7 +107,7 @@ def describe_phase_splits(section: dict[str, Any], evals: list[dict[str, Any]], 
             entry.update(_split(name, s), **{KEY_PATH: f"{folder}/{SAMPLES}",
                                              KEY_STREAMS_PATH: streams_dir(folder).lstrip("/")})
             if training is not None:
-                files = len(s) // (training.micro_batch_size * training.data_parallel_size)
+                files = len(s) // (training.layout(name)[1] * training.data_parallel_size)
                 entry[KEY_MICROBATCHES] = files
                 entry[KEY_MICROBATCH_NAME_WIDTH] = name_width(files)
                 if files > 0:
@@ -194,7 +195,8 @@ def describe_training(training_cfg: Any, split_lengths: dict[str, int], bytes_pe
     split_lengths: {split: samples} of the splits the mount shows (Corpus.splits);
     bytes_per_sample: the size of one sample file."""
     mbs, dp = training_cfg.micro_batch_size, training_cfg.data_parallel_size
-    files = {split: int(n) // (mbs * dp) for split, n in split_lengths.items()}
+    layouts = {split: training_cfg.layout(split) for split in split_lengths}
+    files = {split: int(n) // (layouts[split][1] * dp) for split, n in split_lengths.items()}
     out: dict[str, Any] = dict(training_cfg.as_dict())
     out.update({
         KEY_MICRO_BATCH_SIZE: mbs,
@@ -206,6 +208,10 @@ def describe_training(training_cfg: Any, split_lengths: dict[str, int], bytes_pe
         KEY_RANKS_PATH: {split: ranks_dir(split).lstrip("/") for split, f in files.items() if f > 0},
         KEY_BYTES_PER_MICROBATCH: mbs * int(bytes_per_sample),
     })
+    # each split's sampler and micro-batch size (evaluation may read on its own: Megatron-Bridge)
+    out[KEY_SPLIT_LAYOUTS] = {split: {KEY_MICRO_BATCH_SIZE: m, "sampler": plan_kind(kind, training_cfg.data_sharding),
+                                      KEY_BYTES_PER_MICROBATCH: m * int(bytes_per_sample)}
+                              for split, (kind, m) in layouts.items()}
     if training_cfg.global_batch_size is not None and training_cfg.rampup_batch_size is None:
         out["microbatches_per_iteration"] = training_cfg.global_batch_size // (mbs * dp)
     if training_cfg.schedule is not None:  # iteration -> consumed_samples

@@ -60,9 +60,9 @@ class Layout:
     data_sharding: bool
 
 
-def parse_layout(name: str, training: Any) -> Layout:
+def parse_layout(name: str, training: Any, split: str = "train") -> Layout:
     """The layout a folder name spells (SamplerError why not). training: the
-    config's TrainingConfig or None, for the defaults."""
+    config's TrainingConfig or None, for the defaults (the sampler that reads `split`)."""
     m = STREAM_NAME.fullmatch(name)
     if m is None:
         raise SamplerError(f"not a stream layout: the name is {STREAM_NAME_HELP} (decimal numbers, no "
@@ -72,7 +72,7 @@ def parse_layout(name: str, training: Any) -> Layout:
         raise SamplerError(f"dp={dp}: data_parallel_size must be 1 to {MAX_DATA_PARALLEL_SIZE}")
     if mbs < 1:
         raise SamplerError("mbs=0: micro_batch_size must be at least 1")
-    sampler = m["sampler"] or (training.dataloader_type if training is not None else "single")
+    sampler = m["sampler"] or (training.layout(split)[0] if training is not None else "single")
     if m["sharding"] and sampler != "cyclic":
         raise SamplerError("sharding= applies only to the cyclic sampler")
     sharding = m["sharding"] == "true" if m["sharding"] else (training.data_sharding if training is not None else True)
@@ -111,7 +111,7 @@ class Streams:
             if key in self._refused:
                 return None
         try:
-            layout = parse_layout(name, self.training)
+            layout = parse_layout(name, self.training, folder.split("/")[0])
             if layout.micro_batch_size > len(split):
                 raise SamplerError(f"mbs={layout.micro_batch_size} is above the split's {len(split)} samples")
             made = StreamLayout(folder, name, split, layout, self.mtime_ns)

@@ -13,7 +13,7 @@ on into later epochs of a cyclic sampler.
 For valid and test the iteration is an evaluation step, counted from 1 over all of
 the run's evaluations (the valid iterator goes on from one evaluation to the
 next): Megatron's evaluate() reads a constant eval global batch per step
-(TrainingConfig.eval_global_batch_size), whatever the training schedule.
+(TrainingConfig.evaluation_batch_size), whatever the training schedule.
 
 In a run in phases (config `phases:`, docs/phases.md) the answer names the phase
 of the batch and of each train sample: the phase whose samples

@@ -64,7 +64,7 @@ def eval_schedule(training: Any, train_samples: int | None) -> EvalSchedule | No
     if iters is None:
         return None
     eval_iters = MEGATRON_EVAL_ITERS if training.eval_iters is None else training.eval_iters
-    return EvalSchedule(iters, training.eval_interval, eval_iters, training.eval_global_batch_size())
+    return EvalSchedule(iters, training.eval_interval, eval_iters, training.evaluation_batch_size())
 
 
 @dataclass(frozen=True)

@@ -123,11 +123,11 @@ def plan_ranks(total: int, micro_batch_size: int, data_parallel_size: int,
 def plan_splits(training_cfg: Any, split_lengths: dict[str, int]) -> dict[str, RankPlan]:
     """The plan of every split under a config's TrainingConfig (config.training);
     split_lengths: {split: samples}, e.g. from Corpus.splits."""
-    return {
-        split: plan_ranks(int(n), training_cfg.micro_batch_size, training_cfg.data_parallel_size,
-                          training_cfg.dataloader_type, training_cfg.data_sharding)
-        for split, n in split_lengths.items()
-    }
+    plans = {}
+    for split, n in split_lengths.items():
+        kind, mbs = training_cfg.layout(split)
+        plans[split] = plan_ranks(int(n), mbs, training_cfg.data_parallel_size, kind, training_cfg.data_sharding)
+    return plans
 
 
 _KIND_CODES = {"single": lib.MMFS_PLAN_SINGLE, "sharded": lib.MMFS_PLAN_SHARDED,
