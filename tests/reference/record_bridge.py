@@ -84,6 +84,7 @@ RUNS = {
                       {"consumed_train_samples": 168, "consumed_valid_samples": 36}),
 }
 FIXTURE = "cyclic"  # the run whose run_config.yaml is saved as bridge_run_config.yaml
+RESUMED = "resume-cyclic"  # the run whose counts bridge_train_state.pt holds
 
 
 class _Placeholder(types.ModuleType):
@@ -166,7 +167,7 @@ def sample_digest(item) -> str:
 def batch_digests(batch) -> list[str]:
     import numpy as np
     tokens, labels = np.asarray(batch["tokens"]), np.asarray(batch["labels"])
-    return [digest(list(t) + [int(l[-1])]) for t, l in zip(tokens, labels)]
+    return [digest(list(t) + [int(last[-1])]) for t, last in zip(tokens, labels)]
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -178,6 +179,11 @@ def flatten(tree: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def as_value(value) -> str:
+    """A value as an override's YAML text (flow style: `false`, `[4, 4, 48]`)."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def write_data(folder: Path) -> dict:
@@ -253,10 +259,11 @@ def record_run(b, name: str, folder: Path) -> tuple[dict, str]:
 
 def main() -> None:
     b = import_bridge()
+    from importlib.metadata import version
+
     import megatron.core
     import numpy
     import torch
-    from importlib.metadata import version
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         os.chdir(folder)  # dataset paths as a launch would give them: relative to where Bridge runs
@@ -271,8 +278,8 @@ def main() -> None:
         own = flatten(yaml.safe_load(text))
         base = flatten(fixture)
         assert own.keys() == base.keys(), name
-        runs[name]["overrides"] = [f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
-                                   for key, value in sorted(own.items()) if value != base[key]]
+        runs[name]["overrides"] = [f"{key}={as_value(value)}" for key, value in sorted(own.items())
+                                   if value != base[key]]
     reference = {
         "provenance": {
             "recorded_by": "tests/reference/record_bridge.py",
@@ -287,11 +294,18 @@ def main() -> None:
             "torch": torch.__version__, "numpy": numpy.__version__,
         },
         "data": data,
-        "fixture": f"bridge_run_config.yaml: run {FIXTURE!r}'s run_config.yaml",
+        "fixture": f"bridge_run_config.yaml: run {FIXTURE!r}'s run_config.yaml; bridge_train_state.pt: run "
+                   f"{RESUMED!r}'s train_state.pt",
         "runs": {name: {**run, "world_size": RUNS[name][3]["world_size"]} for name, run in runs.items()},
     }
     (HERE / "bridge.json").write_text(json.dumps(reference, indent=1, sort_keys=True) + "\n")
     (HERE / "bridge_run_config.yaml").write_text(texts[FIXTURE])
+    # A checkpoint's train_state.pt, saved as Bridge's checkpointing saves it (TrainState.state_dict,
+    # floating_point_operations_so_far as float32), with the counts of the resumed run RESUMED.
+    state = b.state.TrainState(step=RUNS[RESUMED][4]["consumed_train_samples"] // BASE_TRAIN["global_batch_size"],
+                               **RUNS[RESUMED][4]).state_dict()
+    state["floating_point_operations_so_far"] = torch.tensor(0.0, dtype=torch.float32)
+    torch.save(state, HERE / "bridge_train_state.pt")
     print(f"wrote {HERE / 'bridge.json'} and {HERE / 'bridge_run_config.yaml'}")
 
 

@@ -20,6 +20,7 @@ utils.py; recorded in tests/reference/bridge.json):
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any
 
@@ -50,6 +51,29 @@ NOTED = {
 
 class BridgeConfigError(MmfsError):
     """A run_config.yaml (or override) mmfs cannot turn into a config: one line, exit 2."""
+
+
+# the training: block's keys as Bridge's run_config.yaml names them
+BRIDGE_KEYS = {"micro_batch_size": "train.micro_batch_size", "global_batch_size": "train.global_batch_size",
+               "train_iters": "train.train_iters", "train_samples": "train.train_samples",
+               "eval_interval": "validation.eval_interval", "eval_iters": "validation.eval_iters",
+               "eval_micro_batch_size": "validation.eval_micro_batch_size",
+               "eval_global_batch_size": "validation.eval_global_batch_size",
+               "dataloader_type": "dataset.dataloader_type", "data_sharding": "dataset.data_sharding",
+               "data_parallel_size": "the data-parallel size (world size / model.tensor x pipeline x context "
+                                     "parallel sizes)"}
+
+
+class BridgeChecker(Checker):
+    """The config's own checks of the training: block, naming Bridge's keys."""
+
+    def __init__(self) -> None:
+        super().__init__("")
+
+    def fail(self, key: str, message: str) -> BridgeConfigError:
+        def name(m: re.Match) -> str:
+            return BRIDGE_KEYS.get(m.group(1), m.group(0))
+        return BridgeConfigError(re.sub(r"\b(?:training\.)?([a-z]+(?:_[a-z]+)+)\b", name, f"{key}: {message}"))
 
 
 def apply_overrides(tree: dict, overrides: list[str]) -> dict:
@@ -242,7 +266,7 @@ def to_config(path: str, overrides: list[str], world_size: int | None = None, dp
         raise BridgeConfigError(text) from None
     dp = data_parallel_size(section(tree, "model"), world_size, dp, comments)
     config["training"] = training_block(tree, dp, comments)
-    checker = Checker(path)
+    checker = BridgeChecker()
     with_schedule(parse_training(config["training"], checker), config["sequence_length"], None, checker)
     if consumed is not None:
         t = config["training"]

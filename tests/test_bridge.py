@@ -1,0 +1,233 @@
+"""Megatron-Bridge 0.6.x (issue 42 item 5): `mmfs config --from-bridge` of a Bridge
+run_config.yaml, mounted for real, serves what Bridge's own loaders read, and
+mmfs.adapters.bridge's datasets hold Bridge's samples.
+
+The reference is tests/reference/bridge.json, recorded from megatron-bridge 0.6.2's
+data/loaders.py, samplers.py and utils.py over megatron-core 0.19.2's datasets by
+tests/reference/record_bridge.py, with the run_config.yaml Bridge's ConfigContainer
+wrote (bridge_run_config.yaml) and a train_state.pt saved as Bridge saves it. Each run is
+that run_config.yaml with the run's KEY=VALUE overrides and world size, as a launch
+would give them: train single and cyclic (sharded and not), validation (the cyclic
+sampler on the eval batch sizes), test, another data-parallel size, train_samples, and
+resumes from train_state counts (the streams the config's comments name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+
+import matrix_cases as mc
+from matrix_mounts import write_data
+from matrix_reference import describe, digest, file_digests
+from mmfs import cli
+from mmfs.adapters.bridge import mount_datasets_provider
+from mmfs.errors import MmfsError
+from mmfs.loader import Mount
+from mmfs.tools.megatron.bridge import read_train_state
+from mount_fixtures import mounted
+
+REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
+REFERENCE = json.loads((REFERENCE_DIR / "bridge.json").read_text())
+RUN_CONFIG = REFERENCE_DIR / "bridge_run_config.yaml"
+TRAIN_STATE = REFERENCE_DIR / "bridge_train_state.pt"
+RUNS = REFERENCE["runs"]
+SPLITS = ("train", "valid", "test")
+
+
+def config_text(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["config", "--from-bridge", *argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_args(name: str) -> list[str]:
+    run = RUNS[name]
+    args = [str(RUN_CONFIG), *run["overrides"], "--world-size", str(run["world_size"])]
+    counts = run["train_state"]
+    if counts:
+        args += ["--consumed-train-samples", str(counts["consumed_train_samples"]),
+                 "--consumed-valid-samples", str(counts["consumed_valid_samples"])]
+    return args
+
+
+@pytest.fixture(scope="module")
+def launch_dir(tmp_path_factory) -> Path:
+    """The folder Bridge was launched from: data/ (mmfs's writer) and the configs."""
+    folder = tmp_path_factory.mktemp("bridge")
+    write_data(folder / "data")
+    return folder
+
+
+@pytest.fixture(scope="module", params=sorted(RUNS))
+def run(request, launch_dir):
+    name = request.param
+    code, text, err = config_text(*run_args(name))
+    assert code == 0, err
+    config = launch_dir / f"{name}.yaml"
+    config.write_text(text)
+    with mounted(config, launch_dir / f"mnt-{name}") as m:
+        yield SimpleNamespace(name=name, ref=RUNS[name], text=text, path=m.path, mount=Mount(m.path),
+                              training=yaml.safe_load(text)["training"])
+
+
+def digests_of(run, path) -> list[str]:
+    return file_digests(Path(path).read_bytes(), run.mount.dtype, run.mount.tokens_per_sample)
+
+
+def test_data_is_what_bridge_read(launch_dir):
+    import hashlib
+    for name, want in REFERENCE["data"].items():
+        for ext in ("bin", "idx"):
+            assert hashlib.sha256((launch_dir / "data" / f"{name}.{ext}").read_bytes()).hexdigest() == want[ext]
+
+
+def test_samples(run):
+    """samples/ of every split: Bridge's datasets (its counts, its seed) sample for sample."""
+    for split in SPLITS:
+        want = run.ref["samples"][split]
+        got = [digests_of(run, run.mount.sample_path(split, i))[0] for i in range(run.mount.samples.get(split, 0))]
+        assert not describe(f"{run.name} {split}/samples", got, want)
+
+
+def rank_files(run, split: str, rank: int) -> list[list[str]]:
+    return [digests_of(run, run.mount.microbatch_path(split, rank, j))
+            for j in range(run.mount.microbatches_per_rank(split))]
+
+
+def test_ranks(run):
+    """train/ranks, valid/ranks, test/ranks: each rank's micro-batches, file j the j-th its
+    Bridge DataLoader gives in one pass (valid: the cyclic sampler on the eval batch sizes)."""
+    if run.ref["train_state"]:
+        pytest.skip("a resumed run reads streams (test_resumed_streams)")
+    for split in SPLITS:
+        _, mbs = {"train": (0, run.training["micro_batch_size"])}.get(split, (0, run.training["eval_micro_batch_size"]))
+        files = len(run.ref["samples"][split]) // (mbs * run.ref["data_parallel_size"])
+        for rank in range(run.ref["data_parallel_size"]):
+            want = run.ref["ranks"][str(rank)][split][:files]
+            assert run.mount.microbatches_per_rank(split) == files
+            assert not describe(f"{run.name} {split}/ranks/{rank:03d}", rank_files(run, split, rank), want)
+
+
+def test_resumed_streams(run):
+    """A resume from train_state's counts: the streams the config's comments name hold
+    what Bridge's loaders read from there (train, and valid from consumed_valid_samples);
+    test reads from 0 (test/ranks)."""
+    counts = run.ref["train_state"]
+    if not counts:
+        pytest.skip("not a resumed run")
+    named = dict(re.findall(r"(train|valid)/streams/([^/]+)/RRR", run.text))
+    assert set(named) == {"train", "valid"}
+    width = run.mount.training["rank_name_width"]
+    for split in ("train", "valid"):
+        for rank in range(run.ref["data_parallel_size"]):
+            folder = run.path / split / "streams" / named[split] / f"{rank:0{width}d}"
+            got = [digests_of(run, f) for f in sorted(folder.iterdir())]
+            want = run.ref["ranks"][str(rank)][split]
+            assert not describe(f"{run.name} {split}/streams/{named[split]}/{rank}", got, want)
+    for rank in range(run.ref["data_parallel_size"]):
+        assert not describe(f"{run.name} test/ranks/{rank}", rank_files(run, "test", rank),
+                            run.ref["ranks"][str(rank)]["test"])
+
+
+def test_provider(run):
+    """mmfs.adapters.bridge: Bridge's provider signature, map-style datasets whose item i is
+    Bridge's sample i (its tokens and last label), for the counts Bridge asks."""
+    dataset_config = SimpleNamespace(seq_length=mc.SEQUENCE_LENGTH, random_seed=31, create_attention_mask=True)
+    datasets = mount_datasets_provider(run.path)(run.ref["num_samples"], dataset_config)
+    for split, ds in zip(SPLITS, datasets):
+        want = run.ref["samples"][split]
+        assert len(ds) == len(want)
+        got = [digest(np.append(ds[i]["tokens"], ds[i]["labels"][-1])) for i in range(len(ds))]
+        assert not describe(f"{run.name} provider {split}", got, want)
+        assert ds[0]["attention_mask"].shape == (1, mc.SEQUENCE_LENGTH, mc.SEQUENCE_LENGTH)
+    with pytest.raises(MmfsError, match="random_seed 1234 differs"):
+        mount_datasets_provider(run.path)(run.ref["num_samples"], SimpleNamespace(random_seed=1234))
+    with pytest.raises(MmfsError, match="asks 100000 train samples"):
+        mount_datasets_provider(run.path)([100000, 0, 0], dataset_config)
+
+
+def test_train_state_file():
+    """bridge_train_state.pt (saved as Bridge saves it) gives the resumed run's counts
+    where torch imports; without torch, one line naming the options to give instead."""
+    counts = RUNS["resume-cyclic"]["train_state"]
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        with pytest.raises(MmfsError, match="needs torch; give --consumed-train-samples"):
+            read_train_state(str(TRAIN_STATE))
+        return
+    assert read_train_state(str(TRAIN_STATE)) == (counts["consumed_train_samples"], counts["consumed_valid_samples"])
+    code, text, _ = config_text(str(RUN_CONFIG), "--world-size", "2", "--train-state", str(TRAIN_STATE))
+    assert code == 0 and f"from={counts['consumed_train_samples']}/RRR" in text
+
+
+def test_config_keys():
+    """What the config says of Bridge's rules: dataset.random_seed (not rng.seed), the eval
+    batch sizes, validation's cyclic sampler, and the sample counts Bridge computed."""
+    code, text, _ = config_text(*run_args("samples"))
+    assert code == 0
+    config = yaml.safe_load(text)
+    assert config["seed"] == 31
+    t = config["training"]
+    assert (t["valid_dataloader_type"], t["eval_micro_batch_size"], t["eval_global_batch_size"]) == ("cyclic", 1, 8)
+    assert t["train_samples"] == 200 and "train_iters" not in t
+
+
+BAD = [
+    (["dataset.dataloader_type=batch"], "dataset.dataloader_type: batch"),
+    (["dataset.dataloader_type=external"], "dataset.dataloader_type: 'external'"),
+    (["dataset.mock=true"], "dataset.mock: True"),
+    (["dataset.dataloader_type=single", "dataset.drop_last=false"], "dataset.drop_last: false"),
+    (["dataset._target_=megatron.bridge.data.builders.gpt_sft.GPTSFTDatasetConfig"], "dataset._target_"),
+    (["validation.skip_train=true"], "validation.skip_train"),
+    (["validation.eval_interval=null"], "validation.eval_interval: missing or 0"),
+    (["validation.eval_global_batch_size=5"], "validation.eval_global_batch_size: 5 is not a multiple of "
+                                              "validation.eval_micro_batch_size x the data-parallel size"),
+    (["train.global_batch_size=6", "--world-size", "4"], "train.global_batch_size: 6 is not a multiple of "
+                                                         "train.micro_batch_size x the data-parallel size"),
+    (["+dist.eval_context_parallel_size=2"], "dist.eval_context_parallel_size"),
+    (["train.no_such_key=1"], "train.no_such_key is not in the config"),
+    (["nosection.key=1"], "nosection is not a section"),
+    (["train.train_iters"], "an override is KEY=VALUE"),
+    (["model.tensor_model_parallel_size=2", "--world-size", "3"], "--world-size: 3 is not a multiple"),
+    (["tokenizer.tokenizer_type=Nope"], "tokenizer.tokenizer_type: Nope"),
+]
+
+
+@pytest.mark.parametrize("extra,words", BAD, ids=[b[1] for b in BAD])
+def test_refused(extra, words):
+    """What mmfs does not serve, or Bridge refuses: one line naming the key, exit 2."""
+    args = [str(RUN_CONFIG), *extra]
+    if "--world-size" not in extra:
+        args += ["--world-size", "2"]
+    code, text, err = config_text(*args)
+    assert code == 2 and text == ""
+    assert words in err and err.count("\n") == 1, err
+
+
+def test_noted_keys_and_warnings():
+    """rampup_batch_size and step_batch_size_schedule: no effect in Bridge 0.6.x (a comment);
+    no world size: data-parallel size 1 with a warning."""
+    code, text, err = config_text(str(RUN_CONFIG), "train.rampup_batch_size=[4,4,48]")
+    assert code == 0 and "# ignored train.rampup_batch_size: has no effect" in text
+    assert "data-parallel size 1" in err and "data_parallel_size: 1" in text
+
+
+def test_run_config_from_another_folder(tmp_path):
+    """The run_config.yaml is read where it lies; paths are written as Bridge got them."""
+    copy = tmp_path / "iter_0000024" / "run_config.yaml"
+    copy.parent.mkdir()
+    shutil.copy(RUN_CONFIG, copy)
+    code, text, _ = config_text(str(copy), "--data-parallel-size", "2")
+    assert code == 0 and "path: data/web" in text
