@@ -231,3 +231,28 @@ def test_run_config_from_another_folder(tmp_path):
     shutil.copy(RUN_CONFIG, copy)
     code, text, _ = config_text(str(copy), "--data-parallel-size", "2")
     assert code == 0 and "path: data/web" in text
+
+
+def test_which(run):
+    """`mmfs which` of train, valid and test: each rank's micro-batches of an iteration (an
+    evaluation step for valid and test, on the eval sizes and valid's cyclic sampler), as
+    Bridge's loaders read them; a resumed run: --consumed at its train_state counts."""
+    from mmfs.megatron.corpus import open_corpus
+    from mmfs.tools.which import which_in
+    corpus = open_corpus(str(run.path.parent / f"{run.name}.yaml"), progress=False)
+    t, dp, counts = run.training, run.ref["data_parallel_size"], run.ref["train_state"]
+    for split in SPLITS:
+        mbs, gbs = (t["micro_batch_size"], t["global_batch_size"]) if split == "train" else \
+            (t["eval_micro_batch_size"], t["eval_global_batch_size"])
+        per = gbs // (mbs * dp)
+        start = {"train": counts.get("consumed_train_samples", 0),
+                 "valid": counts.get("consumed_valid_samples", 0)}.get(split, 0)
+        steps = min(len(run.ref["ranks"]["0"][split]) // per, 3)
+        for step in range(steps):
+            at = start + step * gbs
+            answer = which_in(corpus, None, split, consumed=at) if start else which_in(corpus, step + 1, split)
+            for r in range(dp):
+                got = [[run.ref["samples"][split][s["sample"]] for s in mb["samples"]]
+                       for mb in answer["ranks"][r]["microbatches"]]
+                want = run.ref["ranks"][str(r)][split][step * per:(step + 1) * per]
+                assert not describe(f"{run.name} which {split} step {step} rank {r}", got, want)

@@ -130,7 +130,7 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
                           "batch, so mmfs which needs its size (or a step_batch_size_schedule)")
     if split not in corpus.splits:
         raise WhichError(f"{config_path}: the {split} split has no samples (splits: {', '.join(corpus.splits)})")
-    mbs, dp = t.micro_batch_size, t.data_parallel_size
+    (kind, mbs), dp = t.layout(split), t.data_parallel_size  # evaluation may read on its own layout
     start, batch_size, iteration = _global_batch(schedule, iteration, consumed, mbs * dp)
     per_iteration = batch_size // (mbs * dp)
     ranks = range(dp) if rank is None else [rank]
@@ -147,15 +147,15 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
         reader = corpus.phase_splits[launch["phase"]][split]
         phase_width = phase_name_width(len(corpus.phase_splits))
     # a run in phases under the cyclic sampler: each phase's own sampler (docs/phases.md)
-    phased = split_sampler(reader.indices, t.dataloader_type, mbs, dp, t.data_sharding)
+    phased = split_sampler(reader.indices, kind, mbs, dp, t.data_sharding)
     plan = phased.plan(0, whole_pass=False) if phased is not None else \
-        plan_ranks(len(reader), mbs, dp, t.dataloader_type, t.data_sharding)
+        plan_ranks(len(reader), mbs, dp, kind, t.data_sharding)
     datasets = {d.name: d.dataset for d in corpus.datasets}
     phases = corpus.config.phases if split == "train" else None
     out: dict[str, Any] = {
         "config": config_path, "split": split, "iteration": iteration,
         "consumed_samples": [start, start + batch_size], "global_batch_size": batch_size,
-        "sampler": plan_kind(t.dataloader_type, t.data_sharding), "data_parallel_size": dp, "micro_batch_size": mbs,
+        "sampler": plan_kind(kind, t.data_sharding), "data_parallel_size": dp, "micro_batch_size": mbs,
         "microbatches_per_iteration": per_iteration,
         **({} if phases is None else {"phases": _phases_of(phases, start, start + batch_size)}),
         **({} if launch is None else {"phases": [launch]}),
@@ -174,7 +174,7 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
                     # a loader built at a consumed_samples: the launch's (at its carried count), or a
                     # job resumed at C; Megatron's sampler rebuilt there, pass after pass
                     at = launch["loader_consumed_samples"] if launch is not None else start
-                    found = resumed_pass(len(reader), mbs, dp, at, t.dataloader_type, t.data_sharding, r,
+                    found = resumed_pass(len(reader), mbs, dp, at, kind, t.data_sharding, r,
                                          (start - at) // (mbs * dp) + k, passes)
                     if found is not None:
                         pass_plan, built_at, j = found
