@@ -224,13 +224,21 @@ def test_noted_keys_and_warnings():
     assert "data-parallel size 1" in err and "data_parallel_size: 1" in text
 
 
-def test_run_config_from_another_folder(tmp_path):
-    """The run_config.yaml is read where it lies; paths are written as Bridge got them."""
-    copy = tmp_path / "iter_0000024" / "run_config.yaml"
-    copy.parent.mkdir()
-    shutil.copy(RUN_CONFIG, copy)
-    code, text, _ = config_text(str(copy), "--data-parallel-size", "2")
-    assert code == 0 and "path: data/web" in text
+def test_checkpoint_folder(tmp_path):
+    """A checkpoint's folder: run_config.yaml read where it lies (paths as Bridge got them),
+    its train_state.pt beside it read where torch imports (else a comment says why not)."""
+    folder = tmp_path / "iter_0000042"
+    folder.mkdir()
+    shutil.copy(RUN_CONFIG, folder / "run_config.yaml")
+    code, text, _ = config_text(str(folder / "run_config.yaml"), "--data-parallel-size", "2")
+    assert code == 0 and "path: data/web" in text and "streams" not in text
+    shutil.copy(TRAIN_STATE, folder / "train_state.pt")
+    code, text, _ = config_text(str(folder / "run_config.yaml"), "--data-parallel-size", "2")
+    try:
+        import torch  # noqa: F401
+        assert code == 0 and "train/streams/dp=2,mbs=2,from=168/RRR" in text
+    except ImportError:
+        assert code == 0 and "# not read: " in text and "needs torch" in text
 
 
 def test_which(run):
@@ -256,3 +264,57 @@ def test_which(run):
                        for mb in answer["ranks"][r]["microbatches"]]
                 want = run.ref["ranks"][str(r)][split][step * per:(step + 1) * per]
                 assert not describe(f"{run.name} which {split} step {step} rank {r}", got, want)
+
+
+def write_config(folder: Path, training: dict, **extra) -> Path:
+    config = {"datasets": [{"path": str(folder / "data" / "web")}], "split": "80,15,5",
+              "sequence_length": mc.SEQUENCE_LENGTH, "tokenizer": {"eod": mc.EOD, "pad": None},
+              "training": {"data_parallel_size": 2, "micro_batch_size": 2, "global_batch_size": 8,
+                           "train_iters": 10, "eval_interval": 5, "eval_iters": 2, **training}, **extra}
+    path = folder / "keys.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+GOOD_KEYS = [
+    ({"eval_micro_batch_size": 1, "eval_global_batch_size": 6}, {"valid": 36, "test": 12}, ("single", 1)),
+    ({"valid_dataloader_type": "cyclic", "data_sharding": False}, {"valid": 48, "test": 16}, ("cyclic", 2)),
+    ({}, {"valid": 48, "test": 16}, ("single", 2)),
+]
+
+
+@pytest.mark.parametrize("keys,counts,valid_layout", GOOD_KEYS)
+def test_eval_keys(launch_dir, keys, counts, valid_layout):
+    """The training: block's evaluation keys: the valid and test counts Bridge's rule gives,
+    each split's sampler and micro-batch size (data_sharding also for a cyclic valid)."""
+    from mmfs.config.schema import load_config
+    config = load_config(str(write_config(launch_dir, keys)))
+    assert {s: config.samples[s] for s in ("valid", "test")} == counts
+    assert config.training.layout("valid") == valid_layout
+    assert config.training.layout("test")[1] == valid_layout[1] and config.training.layout("train") == ("single", 2)
+
+
+BAD_KEYS = [
+    ({"eval_global_batch_size": 3}, {}, "training.eval_global_batch_size: 3 is not a multiple"),
+    ({"valid_dataloader_type": "batch"}, {}, "training.valid_dataloader_type: 'batch' is not a dataloader type"),
+    ({"eval_micro_batch_size": 0}, {}, "training.eval_micro_batch_size"),
+    ({"eval_micro_batch_size": 1, "step_batch_size_schedule": "0:8"}, {},
+     "training.eval_micro_batch_size: Megatron-Bridge's evaluation keys with step_batch_size_schedule"),
+    ({"valid_dataloader_type": "cyclic"}, {"phase_mode": "continue", "phases": [{"start_iteration": 4}]},
+     "phases: Megatron-Bridge's evaluation keys"),
+]
+
+
+@pytest.mark.parametrize("keys,extra,words", BAD_KEYS, ids=[b[2][:40] for b in BAD_KEYS])
+def test_eval_keys_refused(launch_dir, keys, extra, words):
+    from mmfs.config.schema import load_config
+    if "phases" in extra:
+        extra["phases"] = [{"datasets": [{"path": str(launch_dir / "data" / "web")}]},
+                           {"start_iteration": 4, "datasets": [{"path": str(launch_dir / "data" / "code")}]}]
+    with pytest.raises(MmfsError, match=re.escape(words)):
+        path = write_config(launch_dir, keys, **extra)
+        if "step_batch_size_schedule" in keys:  # Megatron-LM refuses it with a global batch size
+            text = yaml.safe_load(path.read_text())
+            del text["training"]["global_batch_size"]
+            path.write_text(yaml.safe_dump(text))
+        load_config(str(path))

@@ -84,8 +84,9 @@ REFUSED_ARGS = {
 }
 
 
-def _sampler(mount: Mount) -> str:
-    return (mount.training or {}).get("dataloader_type", "single")
+def _sampler(mount: Mount, split: str) -> str:
+    """The sampler that reads `split` (the mount's streams/ default for it)."""
+    return mount.layout(split)[0] if mount.training else "single"
 
 
 def rank_stream_files(mount: Mount, split: str, rank: int, data_parallel_size: int, micro_batch_size: int,
@@ -105,7 +106,7 @@ def rank_stream_files(mount: Mount, split: str, rank: int, data_parallel_size: i
     def passes(files: list[str], consumed: int) -> Iterator[str]:
         while True:
             yield from files
-            if _sampler(mount) != "cyclic":
+            if _sampler(mount, split) != "cyclic":
                 return
             if not files:
                 raise LoaderError(f"{split}: rank {rank}'s pass from consumed_samples {consumed} holds no "

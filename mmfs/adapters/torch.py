@@ -52,11 +52,12 @@ class RankStream(torch.utils.data.IterableDataset):
         t = mount.training or {}
         self.mount, self.split, self.rank, self.flags, self.phase = mount, split, rank, flags, phase
         self.data_parallel_size = int(data_parallel_size or t.get("data_parallel_size") or 0)
-        self.micro_batch_size = int(micro_batch_size or t.get("micro_batch_size") or 0)
+        own = mount.layout(split) if t else ("single", 0)  # the split's own sampler (evaluation may have its own)
+        self.micro_batch_size = int(micro_batch_size or own[1])
         if not self.data_parallel_size or not self.micro_batch_size:
             raise LoaderError(f"{mount.path}: give data_parallel_size and micro_batch_size (the mount has no "
                               "training section)")
-        self.dataloader_type = dataloader_type or t.get("dataloader_type", "single")
+        self.dataloader_type = dataloader_type or own[0]
         self.data_sharding = t.get("data_sharding", True) if data_sharding is None else data_sharding
         self.total = int(mount.samples.get(split, 0)) if phase is None else mount.split_samples(split, phase)
         self.load_state_dict({"consumed_samples": consumed_samples})

@@ -269,6 +269,10 @@ def load_config(path: str, known: tuple[Any, str, dict[str, str]] | None = None)
         {s: training.derived_from(s) for s in SPLITS if given.get(s) is None and samples[s] is not None}
     _check_weighted_sizes(blend, blend_per_split, samples, checker)
     phases = parse_phases(raw, checker, base_dir, blend, samples, sequence_length, training)
+    if phases is not None and training is not None and training.has_eval_layout:
+        raise checker.fail("phases", "Megatron-Bridge's evaluation keys (training.eval_micro_batch_size, "
+                           "eval_global_batch_size, valid_dataloader_type) with phases: Bridge has no phases, and "
+                           "mmfs has no reference for the mix")
     if phases is not None:
         phases = phases.with_blends(lambda b, key: with_texts(b, tokenizer, text_folder, checker, f"{key}.datasets"))
         check_names([blend, *(p.blend for p in phases.phases)], checker, "phases")

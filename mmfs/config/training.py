@@ -58,6 +58,11 @@ class TrainingConfig:
         schedule; a ramp-up evaluates at its final size."""
         return self.eval_global_batch_size or self.global_batch_size or self.micro_batch_size * self.data_parallel_size
 
+    @property
+    def has_eval_layout(self) -> bool:
+        """Evaluation read on a layout of its own (Megatron-Bridge's keys)."""
+        return any(getattr(self, k) is not None for k in EVAL_KEYS)
+
     def layout(self, split: str) -> tuple[str, int]:
         """(dataloader_type, micro_batch_size) of the sampler that reads `split`: train
         the training's; valid and test the eval micro-batch size, valid its own sampler
@@ -177,6 +182,11 @@ def parse_training(value: Any, checker: Checker) -> TrainingConfig | None:
     eval_iters = optional_int("eval_iters", 0)
     scheduled = _parse_schedule_keys(value, gbs, checker)
     evals = _parse_eval_keys(value, mbs, dp, checker)
+    given = [k for k in sorted(EVAL_KEYS) if evals[k] is not None]
+    scheduled_by = [k for k in ("rampup_batch_size", "step_batch_size_schedule") if scheduled[k] is not None]
+    if given and scheduled_by:  # Bridge's keys; Bridge 0.6.x runs no batch-size schedule
+        raise checker.fail(f"training.{given[0]}", f"Megatron-Bridge's evaluation keys with {scheduled_by[0]}: "
+                           "Bridge 0.6.x runs no batch-size schedule, and mmfs has no reference for the mix")
     if train_iters is not None and scheduled["train_samples"] is not None:
         raise checker.fail("training.train_samples", "give train_iters or train_samples, not both (Megatron asserts)")
     if train_iters is not None or scheduled["train_samples"] is not None:

@@ -174,11 +174,17 @@ class Mount:
         return (e.get(contract.KEY_RANKS_PATH), int(e.get(contract.KEY_MICROBATCHES, 0)),
                 int(e.get(contract.KEY_MICROBATCH_NAME_WIDTH, contract.MIN_NAME_WIDTH)))
 
-    def micro_batch_size(self, split: str) -> int:
-        """The micro-batch size `split` is read in (evaluation may have its own)."""
+    def layout(self, split: str) -> tuple[str, int]:
+        """(dataloader_type, micro_batch_size) of the sampler that reads `split`
+        (evaluation may have its own: Megatron-Bridge, docs/bridge.md)."""
         t = self._training()
         own = t.get(contract.KEY_SPLIT_LAYOUTS, {}).get(split, {})
-        return int(own.get(contract.KEY_MICRO_BATCH_SIZE, t[contract.KEY_MICRO_BATCH_SIZE]))
+        return (str(own.get("dataloader_type", t.get("dataloader_type", "single"))),
+                int(own.get(contract.KEY_MICRO_BATCH_SIZE, t[contract.KEY_MICRO_BATCH_SIZE])))
+
+    def micro_batch_size(self, split: str) -> int:
+        """The micro-batch size `split` is read in."""
+        return self.layout(split)[1]
 
     def microbatches_per_rank(self, split: str, phase: int | None = None) -> int:
         return self._rank_files(split, phase)[1]

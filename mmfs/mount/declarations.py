@@ -201,8 +201,8 @@ def rank_views(corpus: Any, mtime_ns: int) -> list[View]:
         return []
     plans = plan_splits(training, {name: len(split) for name, split in corpus.splits.items()})
     for name, split in corpus.splits.items():  # a phased run's cyclic samplers: one per phase
-        phased = split_sampler(split.indices, training.dataloader_type, training.micro_batch_size,
-                               training.data_parallel_size, training.data_sharding)
+        phased = split_sampler(split.indices, *training.layout(name), training.data_parallel_size,
+                               training.data_sharding)
         if phased is not None:
             plans[name] = phased.plan(0, whole_pass=False)
     width = rank_name_width(training.data_parallel_size)

@@ -209,7 +209,8 @@ def describe_training(training_cfg: Any, split_lengths: dict[str, int], bytes_pe
         KEY_BYTES_PER_MICROBATCH: mbs * int(bytes_per_sample),
     })
     # each split's sampler and micro-batch size (evaluation may read on its own: Megatron-Bridge)
-    out[KEY_SPLIT_LAYOUTS] = {split: {KEY_MICRO_BATCH_SIZE: m, "sampler": plan_kind(kind, training_cfg.data_sharding),
+    out[KEY_SPLIT_LAYOUTS] = {split: {KEY_MICRO_BATCH_SIZE: m, "dataloader_type": kind,
+                                      "sampler": plan_kind(kind, training_cfg.data_sharding),
                                       KEY_BYTES_PER_MICROBATCH: m * int(bytes_per_sample)}
                               for split, (kind, m) in layouts.items()}
     if training_cfg.global_batch_size is not None and training_cfg.rampup_batch_size is None:

@@ -287,6 +287,9 @@ def main() -> None:
             "python": platform.python_version(),
             "packages": {p: version(p) for p in ("megatron-bridge", "megatron-core", "torch", "numpy")},
             "megatron_core_file": megatron.core.__file__.split("site-packages/")[-1],
+            # the sha256 of each Bridge module that ran, as the 0.6.2 wheel ships it
+            "bridge_modules": {m.__name__: hashlib.sha256(Path(m.__file__).read_bytes()).hexdigest()
+                               for m in (b.samplers, b.loaders, b.utils, b.config, b.state)},
             "how": "Bridge's ConfigContainer and sub-configs finalized by their own finalize(); counts by "
                    "loaders.get_train_valid_test_num_samples; datasets by utils.pretrain_train_valid_test_"
                    "datasets_provider; loaders by loaders.build_train_valid_test_data_loaders per emulated "

@@ -33,6 +33,7 @@ from mmfs.errors import MmfsError
 from mmfs.tools.megatron.args import SAFE_DUMPER, tokenizer_block
 
 GPT_DATASET = "megatron.bridge.training.config.GPTDatasetConfig"
+TRAIN_STATE = "train_state.pt"  # beside run_config.yaml in every Bridge checkpoint
 TOKENIZER_FLAGS = {"tokenizer_type": "--tokenizer-type", "vocab_size": "--vocab-size",
                    "tokenizer_model": "--tokenizer-model", "vocab_file": "--vocab-file", "merge_file": "--merge-file",
                    "tiktoken_pattern": "--tiktoken-pattern", "null_tokenizer_eod_id": "--null-tokenizer-eod-id"}
@@ -317,7 +318,16 @@ def config_command(args) -> int:
         consumed = read_train_state(args.train_state)
     elif args.consumed_train_samples is not None:
         consumed = (args.consumed_train_samples, args.consumed_valid_samples)
+    beside = os.path.join(os.path.dirname(os.path.abspath(path)), TRAIN_STATE)
+    note = None
+    if consumed is None and os.path.isfile(beside):  # a checkpoint's own: where its resumed job reads
+        try:
+            consumed = read_train_state(beside)
+        except BridgeConfigError as exc:
+            note = f"not read: {exc}"
     config, comments = to_config(path, overrides, args.world_size, args.data_parallel_size, consumed)
+    if note:
+        comments.append(note)
     for line in comments:
         if line.startswith("warning: "):
             print(f"mmfs: {line}", file=sys.stderr)

@@ -94,11 +94,10 @@ def _run(corpus, name: str, indices) -> tuple[Any, np.ndarray, dict[str, Any]]:
     a config without a training: block) by samples."""
     t = corpus.config.training
     total = len(indices)
-    phased = None if t is None else split_sampler(indices, t.dataloader_type, t.micro_batch_size,
-                                                  t.data_parallel_size, t.data_sharding)
+    kind, mbs = ("single", 1) if t is None else t.layout(name)  # the split's own sampler
+    phased = None if t is None else split_sampler(indices, kind, mbs, t.data_parallel_size, t.data_sharding)
     plan = phased.plan(0, whole_pass=False) if phased is not None else \
-        None if t is None else plan_ranks(total, t.micro_batch_size, t.data_parallel_size, t.dataloader_type,
-                                          t.data_sharding)
+        None if t is None else plan_ranks(total, mbs, t.data_parallel_size, kind, t.data_sharding)
     order = np.arange(total, dtype=np.int64) if plan is None else stream_order(plan)
     run: dict[str, Any] = {"axis": "sample", "samples": len(order), "iterations": None, "notes": []}
     if plan is not None and len(order) < total:
