@@ -234,8 +234,8 @@ def record_run(b, name: str, folder: Path) -> tuple[dict, str]:
     import torch
     cfg, dp = make_config(b, name)
     yaml_path = folder / f"{name}.run_config.yaml"
-    cfg.to_yaml(str(yaml_path))  # before the tokenizer object is attached, as Bridge's config holds no tokenizer
-    cfg.dataset.tokenizer = b.build_tokenizer(cfg.tokenizer)
+    cfg.dataset.tokenizer = b.build_tokenizer(cfg.tokenizer)  # as setup() does before any checkpoint
+    cfg.to_yaml(str(yaml_path))
     counts = list(b.loaders.get_train_valid_test_num_samples(cfg))
     state_counts = RUNS[name][4] or {}
     out: dict = {"num_samples": counts, "data_parallel_size": dp, "train_state": state_counts, "ranks": {}}
