@@ -202,6 +202,15 @@ BAD = [
     (["train.train_iters"], "an override is KEY=VALUE"),
     (["model.tensor_model_parallel_size=2", "--world-size", "3"], "--world-size: 3 is not a multiple"),
     (["tokenizer.tokenizer_type=Nope"], "tokenizer.tokenizer_type: Nope"),
+    (["dataset.random_seed=-1"], "dataset.random_seed: -1"),
+    (["dataset.split=abc"], "dataset.split: 'abc' is not a split"),
+    (["dataset.seq_length=4294967296"], "dataset.seq_length: 4294967296"),
+    (["dataset.blend=[[data/web],[-1]]"], "dataset.blend[1][0]: the weight -1 of data/web"),
+    (["dataset.blend=5"], "dataset.blend: expected [[paths...]"),
+    (["dataset.blend=null"], "dataset.blend: missing"),
+    (["dataset.mid_level_dataset_surplus=.nan"], "dataset.mid_level_dataset_surplus: nan"),
+    (["dataset.add_extra_token_to_sequence=3"], "dataset.add_extra_token_to_sequence: expected true or false"),
+    (["train.micro_batch_size=0"], "train.micro_batch_size: must be at least 1"),
 ]
 
 
@@ -318,3 +327,38 @@ def test_eval_keys_refused(launch_dir, keys, extra, words):
             del text["training"]["global_batch_size"]
             path.write_text(yaml.safe_dump(text))
         load_config(str(path))
+
+
+FORMS = [
+    ["dataset.blend=null", "dataset.data_path=0.6 data/web 0.4 data/code"],
+    ["dataset.blend=null", "dataset.data_path=[0.6, data/web, 0.4, data/code]"],
+]
+
+
+@pytest.mark.parametrize("form", FORMS, ids=["data_path string", "data_path list"])
+def test_data_path_forms(launch_dir, form):
+    """Bridge's data_path (a string of words or a list, as --data-path) is the blend
+    megatron-core's get_blend_from_list makes of it: the same config as `blend`."""
+    from mmfs.config.schema import load_config
+
+    def loaded(*extra: str) -> dict:
+        code, text, err = config_text(str(RUN_CONFIG), *extra, "--world-size", "2")
+        assert code == 0, err
+        path = launch_dir / "form.yaml"
+        path.write_text(text)
+        out = load_config(str(path)).as_dict()
+        return {k: out[k] for k in ("datasets", "split", "seed", "samples", "training")}
+
+    assert loaded(*form) == loaded()
+
+
+def test_blend_per_split(launch_dir):
+    """blend_per_split: [train, valid, test] (each a blend or null), without split."""
+    code, text, err = config_text(str(RUN_CONFIG), "dataset.blend=null",
+                                  "dataset.blend_per_split=[[[data/web], null], [[data/code], null], null]",
+                                  "--world-size", "2")
+    assert code == 0, err
+    config = yaml.safe_load(text)
+    assert config["blend_per_split"] == {"train": [{"path": "data/web"}], "valid": [{"path": "data/code"}],
+                                         "test": None}
+    assert "split" not in config

@@ -19,6 +19,7 @@ utils.py; recorded in tests/reference/bridge.json):
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -26,8 +27,10 @@ from typing import Any
 
 import yaml
 
+from mmfs.config.blend import parse_split
 from mmfs.config.checker import Checker
 from mmfs.config.safe_yaml import read_yaml_source, show
+from mmfs.config.schema import MAX_SURPLUS
 from mmfs.config.training import parse_training, with_schedule
 from mmfs.errors import MmfsError
 from mmfs.tools.megatron.args import SAFE_DUMPER, tokenizer_block
@@ -72,6 +75,9 @@ class BridgeChecker(Checker):
         super().__init__("")
 
     def fail(self, key: str, message: str) -> BridgeConfigError:
+        if key == "split":
+            return BridgeConfigError(f"dataset.split: {message}")
+
         def name(m: re.Match) -> str:
             return BRIDGE_KEYS.get(m.group(1), m.group(0))
         return BridgeConfigError(re.sub(r"\b(?:training\.)?([a-z]+(?:_[a-z]+)+)\b", name, f"{key}: {message}"))
@@ -126,6 +132,13 @@ def _blend(value: Any, key: str) -> list[dict] | str:
         paths, weights = value
         if weights is not None and (not isinstance(weights, list) or len(weights) != len(paths)):
             raise BridgeConfigError(f"{key}: the weights must be a list as long as the paths")
+        for i, p in enumerate(paths):
+            if not isinstance(p, str) or not p:
+                raise BridgeConfigError(f"{key}[0][{i}]: expected a dataset path, got {show(p)}")
+        for i, w in enumerate(weights or []):
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+                raise BridgeConfigError(f"{key}[1][{i}]: the weight {show(w)} of {paths[i]} is not a positive "
+                                        "number; give each dataset a weight above 0")
         return [{"path": p, **({} if weights is None else {"weight": w})} for p, w in
                 zip(paths, weights or [None] * len(paths))]
     raise BridgeConfigError(f"{key}: expected [[paths...], [weights...] or null], got {show(value)}")
@@ -144,7 +157,11 @@ def data_block(ds: dict, comments: list[str]) -> dict[str, Any]:
         out["datasets"] = _blend(ds["blend"], "dataset.blend")
     elif ds.get("data_path") is not None:
         words = ds["data_path"]
-        out["data_path"] = words.split() if isinstance(words, str) else words
+        if not isinstance(words, (str, list)) or isinstance(words, list) and \
+                not all(isinstance(w, (str, int, float)) and not isinstance(w, bool) for w in words):
+            raise BridgeConfigError(f"dataset.data_path: expected a string or a list of words, got {show(words)}")
+        # GPTDatasetConfig.finalize: a string is split on whitespace; both go to get_blend_from_list
+        out["data_path"] = words.split() if isinstance(words, str) else [str(w) for w in words]
     else:
         raise BridgeConfigError("dataset.blend: missing (or blend_per_split, data_path): mmfs serves datasets "
                                 "read from files")
@@ -152,16 +169,31 @@ def data_block(ds: dict, comments: list[str]) -> dict[str, Any]:
         if ds.get("split") is None:
             raise BridgeConfigError("dataset.split: missing: megatron-core needs it with a blend")
         out["split"] = str(ds["split"])
+        parse_split(out["split"], BridgeChecker())
     seq = _int(ds, "dataset", "seq_length", _int(ds, "dataset", "sequence_length"))
     if seq is None:
         raise BridgeConfigError("dataset.seq_length: missing: the number of tokens per sample")
+    if not 1 <= seq <= 2**31 - 2:  # as the config checks it: Megatron's int32 sample index, extra token included
+        raise BridgeConfigError(f"dataset.seq_length: {seq}: give 1 to 2**31 - 2 tokens (Megatron's int32 sample "
+                                "index holds the length with the extra token)")
     out["sequence_length"] = seq
     out["seed"] = _int(ds, "dataset", "random_seed")
     if out["seed"] is None:
         raise BridgeConfigError("dataset.random_seed: missing: Bridge's dataset seed (not rng.seed)")
-    for key in ("add_extra_token_to_sequence", "drop_last_partial_validation_sequence", "mid_level_dataset_surplus"):
+    if not 0 <= out["seed"] < 2**32:
+        raise BridgeConfigError(f"dataset.random_seed: {out['seed']}: megatron-core seeds numpy with it, which takes "
+                                "0 to 2**32 - 1")
+    for key in ("add_extra_token_to_sequence", "drop_last_partial_validation_sequence"):
         if ds.get(key) is not None:
+            if not isinstance(ds[key], bool):
+                raise BridgeConfigError(f"dataset.{key}: expected true or false, got {show(ds[key])}")
             out[key] = ds[key]
+    surplus = ds.get("mid_level_dataset_surplus")
+    if surplus is not None:
+        if isinstance(surplus, bool) or not isinstance(surplus, (int, float)) or not 0 <= surplus <= MAX_SURPLUS:
+            raise BridgeConfigError(f"dataset.mid_level_dataset_surplus: {show(surplus)}: give a number from 0 to "
+                                    f"{MAX_SURPLUS:g}")
+        out["mid_level_dataset_surplus"] = surplus
     if ds.get("path_to_cache") is not None:
         out["cache_dir"] = ds["path_to_cache"]
     if ds.get("object_storage_cache_path") is not None:
