@@ -69,6 +69,10 @@ def launch_dir(tmp_path_factory) -> Path:
     return folder
 
 
+FRESH = sorted(name for name, run in RUNS.items() if not run["train_state"])
+RESUMED = sorted(name for name, run in RUNS.items() if run["train_state"])
+
+
 @pytest.fixture(scope="module", params=sorted(RUNS))
 def run(request, launch_dir):
     name = request.param
@@ -105,11 +109,10 @@ def rank_files(run, split: str, rank: int) -> list[list[str]]:
             for j in range(run.mount.microbatches_per_rank(split))]
 
 
+@pytest.mark.parametrize("run", FRESH, indirect=True)
 def test_ranks(run):
     """train/ranks, valid/ranks, test/ranks: each rank's micro-batches, file j the j-th its
     Bridge DataLoader gives in one pass (valid: the cyclic sampler on the eval batch sizes)."""
-    if run.ref["train_state"]:
-        pytest.skip("a resumed run reads streams (test_resumed_streams)")
     for split in SPLITS:
         _, mbs = {"train": (0, run.training["micro_batch_size"])}.get(split, (0, run.training["eval_micro_batch_size"]))
         files = len(run.ref["samples"][split]) // (mbs * run.ref["data_parallel_size"])
@@ -119,13 +122,11 @@ def test_ranks(run):
             assert not describe(f"{run.name} {split}/ranks/{rank:03d}", rank_files(run, split, rank), want)
 
 
+@pytest.mark.parametrize("run", RESUMED, indirect=True)
 def test_resumed_streams(run):
     """A resume from train_state's counts: the streams the config's comments name hold
     what Bridge's loaders read from there (train, and valid from consumed_valid_samples);
     test reads from 0 (test/ranks)."""
-    counts = run.ref["train_state"]
-    if not counts:
-        pytest.skip("not a resumed run")
     named = dict(re.findall(r"(train|valid)/streams/([^/]+)/RRR", run.text))
     assert set(named) == {"train", "valid"}
     width = run.mount.training["rank_name_width"]
