@@ -113,9 +113,13 @@ def rank_files(run, split: str, rank: int) -> list[list[str]]:
 def test_ranks(run):
     """train/ranks, valid/ranks, test/ranks: each rank's micro-batches, file j the j-th its
     Bridge DataLoader gives in one pass (valid: the cyclic sampler on the eval batch sizes)."""
+    t, dp = run.training, run.ref["data_parallel_size"]
     for split in SPLITS:
-        _, mbs = {"train": (0, run.training["micro_batch_size"])}.get(split, (0, run.training["eval_micro_batch_size"]))
-        files = len(run.ref["samples"][split]) // (mbs * run.ref["data_parallel_size"])
+        mbs, gbs = (t["micro_batch_size"], t["global_batch_size"]) if split == "train" else \
+            (t["eval_micro_batch_size"], t["eval_global_batch_size"])
+        kind = t["valid_dataloader_type"] if split == "valid" else t["dataloader_type"]
+        total = len(run.ref["samples"][split])
+        files = total // gbs * (gbs // (mbs * dp)) if kind == "batch" else total // (mbs * dp)
         for rank in range(run.ref["data_parallel_size"]):
             want = run.ref["ranks"][str(rank)][split][:files]
             assert run.mount.microbatches_per_rank(split) == files
@@ -186,7 +190,7 @@ def test_config_keys():
 
 
 BAD = [
-    (["dataset.dataloader_type=batch"], "dataset.dataloader_type: batch"),
+    (["dataset.dataloader_type=batch", "dataset.drop_last=false"], "dataset.drop_last: false: the batch sampler"),
     (["dataset.dataloader_type=external"], "dataset.dataloader_type: 'external'"),
     (["dataset.mock=true"], "dataset.mock: True"),
     (["dataset.dataloader_type=single", "dataset.drop_last=false"], "dataset.drop_last: false"),

@@ -268,7 +268,12 @@ def load_config(path: str, known: tuple[Any, str, dict[str, str]] | None = None)
     sample_keys = {} if training is None else \
         {s: training.derived_from(s) for s in SPLITS if given.get(s) is None and samples[s] is not None}
     _check_weighted_sizes(blend, blend_per_split, samples, checker)
+    if training is not None:  # Megatron-Bridge's batch sampler reshuffles with the config's seed
+        training = dataclasses.replace(training, batch_seed=seed)
     phases = parse_phases(raw, checker, base_dir, blend, samples, sequence_length, training)
+    if phases is not None and training is not None and training.dataloader_type == "batch":
+        raise checker.fail("training.dataloader_type", "batch (Megatron-Bridge's sampler) with phases: Bridge has "
+                           "no phases, and mmfs has no reference for the mix")
     if phases is not None and training is not None and training.has_eval_layout:
         raise checker.fail("phases", "Megatron-Bridge's evaluation keys (training.eval_micro_batch_size, "
                            "eval_global_batch_size, valid_dataloader_type) with phases: Bridge has no phases, and "

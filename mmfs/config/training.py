@@ -28,6 +28,9 @@ TRAINING_KEYS = {
     "global_batch_size", "train_iters", "eval_interval", "eval_iters",
 } | SCHEDULE_KEYS | EVAL_KEYS
 DATALOADER_TYPES = ("single", "cyclic")
+# Megatron-Bridge's fine-tuning sampler: whole global batches of randperm(split, seed + epoch),
+# rank r reading G[r::dp] of each, cut into micro-batches (docs/bridge.md)
+BATCH = "batch"
 MEGATRON_EVAL_ITERS = 100  # megatron's default for --eval-iters
 
 
@@ -50,6 +53,7 @@ class TrainingConfig:
     eval_micro_batch_size: int | None = None  # None: micro_batch_size
     eval_global_batch_size: int | None = None  # None: Megatron's default (evaluation_batch_size)
     valid_dataloader_type: str | None = None  # None: dataloader_type; Bridge: cyclic
+    batch_seed: int = 0  # the config's seed, which the batch sampler reshuffles with (set by load_config)
 
     def evaluation_batch_size(self) -> int:
         """The global batch of every evaluation step: eval_global_batch_size, else
@@ -62,6 +66,20 @@ class TrainingConfig:
     def has_eval_layout(self) -> bool:
         """Evaluation read on a layout of its own (Megatron-Bridge's keys)."""
         return any(getattr(self, k) is not None for k in EVAL_KEYS)
+
+    def split_batch_size(self, split: str) -> int:
+        """The global batch `split` is read in: the training's, or an evaluation step's."""
+        if split == "train":
+            return self.global_batch_size or self.micro_batch_size * self.data_parallel_size
+        return self.evaluation_batch_size()
+
+    def files_per_rank(self, split: str, samples: int) -> int:
+        """The micro-batches each rank reads in one pass of `split` (of `samples`)."""
+        kind, mbs = self.layout(split)
+        if kind == BATCH:  # whole global batches only
+            gbs = self.split_batch_size(split)
+            return samples // gbs * (gbs // (mbs * self.data_parallel_size))
+        return samples // (mbs * self.data_parallel_size)
 
     def layout(self, split: str) -> tuple[str, int]:
         """(dataloader_type, micro_batch_size) of the sampler that reads `split`: train
@@ -164,8 +182,9 @@ def parse_training(value: Any, checker: Checker) -> TrainingConfig | None:
                          why=" (the mount holds a folder of micro-batches per rank)")
     mbs = optional_int("micro_batch_size", 1)
     kind = value.get("dataloader_type", "single")
-    if kind not in DATALOADER_TYPES:
-        raise checker.fail("training.dataloader_type", f"{kind!r} is not a dataloader type (single or cyclic)")
+    if kind not in (*DATALOADER_TYPES, BATCH):
+        raise checker.fail("training.dataloader_type", f"{kind!r} is not a dataloader type (single, cyclic, or "
+                                                       "Megatron-Bridge's batch)")
     sharding = value.get("data_sharding")
     if sharding is not None:
         sharding = checker.boolean(sharding, "training.data_sharding")
@@ -182,6 +201,13 @@ def parse_training(value: Any, checker: Checker) -> TrainingConfig | None:
     eval_iters = optional_int("eval_iters", 0)
     scheduled = _parse_schedule_keys(value, gbs, checker)
     evals = _parse_eval_keys(value, mbs, dp, checker)
+    if kind == BATCH:
+        for key in ("rampup_batch_size", "step_batch_size_schedule"):
+            if scheduled[key] is not None:
+                raise checker.fail(f"training.{key}", "the batch sampler (Megatron-Bridge's) deals whole global "
+                                   "batches of one size")
+        if gbs is None:
+            raise checker.fail("training.global_batch_size", "missing: the batch sampler deals whole global batches")
     given = [k for k in sorted(EVAL_KEYS) if evals[k] is not None]
     scheduled_by = [k for k in ("rampup_batch_size", "step_batch_size_schedule") if scheduled[k] is not None]
     if given and scheduled_by:  # Bridge's keys; Bridge 0.6.x runs no batch-size schedule

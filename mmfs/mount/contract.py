@@ -56,9 +56,9 @@ _NUMBER = r"(0|[1-9][0-9]{0,18})"
 _CONSUMED = r"(0|[1-9][0-9]{0,99})"
 STREAM_NAME = re.compile(
     rf"dp=(?P<dp>{_NUMBER}),mbs=(?P<mbs>{_NUMBER}),from=(?P<consumed>{_CONSUMED})"
-    r"(?:,sampler=(?P<sampler>single|cyclic))?(?:,sharding=(?P<sharding>true|false))?"
+    r"(?:,sampler=(?P<sampler>single|cyclic|batch))?(?:,sharding=(?P<sharding>true|false))?"
 )
-STREAM_NAME_HELP = "dp=<D>,mbs=<M>,from=<C>[,sampler=single|cyclic][,sharding=true|false]"
+STREAM_NAME_HELP = "dp=<D>,mbs=<M>,from=<C>[,sampler=single|cyclic|batch][,sharding=true|false]"
 
 
 def stream_name(data_parallel_size: int, micro_batch_size: int, consumed_samples: int,

@@ -107,7 +107,7 @@ def describe_phase_splits(section: dict[str, Any], evals: list[dict[str, Any]], 
             entry.update(_split(name, s), **{KEY_PATH: f"{folder}/{SAMPLES}",
                                              KEY_STREAMS_PATH: streams_dir(folder).lstrip("/")})
             if training is not None:
-                files = len(s) // (training.layout(name)[1] * training.data_parallel_size)
+                files = training.files_per_rank(name, len(s))
                 entry[KEY_MICROBATCHES] = files
                 entry[KEY_MICROBATCH_NAME_WIDTH] = name_width(files)
                 if files > 0:
@@ -196,7 +196,7 @@ def describe_training(training_cfg: Any, split_lengths: dict[str, int], bytes_pe
     bytes_per_sample: the size of one sample file."""
     mbs, dp = training_cfg.micro_batch_size, training_cfg.data_parallel_size
     layouts = {split: training_cfg.layout(split) for split in split_lengths}
-    files = {split: int(n) // (layouts[split][1] * dp) for split, n in split_lengths.items()}
+    files = {split: training_cfg.files_per_rank(split, int(n)) for split, n in split_lengths.items()}
     out: dict[str, Any] = dict(training_cfg.as_dict())
     out.update({
         KEY_MICRO_BATCH_SIZE: mbs,

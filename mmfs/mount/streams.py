@@ -58,6 +58,8 @@ class Layout:
     consumed: int
     dataloader_type: str
     data_sharding: bool
+    global_batch_size: int = 0  # batch: the split's global batch (the config's)
+    seed: int = 0  # batch: the config's seed
 
 
 def parse_layout(name: str, training: Any, split: str = "train") -> Layout:
@@ -76,6 +78,10 @@ def parse_layout(name: str, training: Any, split: str = "train") -> Layout:
     if m["sharding"] and sampler != "cyclic":
         raise SamplerError("sharding= applies only to the cyclic sampler")
     sharding = m["sharding"] == "true" if m["sharding"] else (training.data_sharding if training is not None else True)
+    if sampler == "batch":  # Megatron-Bridge's: the config's global batch and seed
+        if training is None:
+            raise SamplerError("sampler=batch needs the config's training: block (its global batch size)")
+        return Layout(dp, mbs, consumed, sampler, sharding, training.split_batch_size(split), training.batch_seed)
     return Layout(dp, mbs, consumed, sampler, sharding)
 
 
@@ -183,7 +189,7 @@ class StreamLayout:
                                layout.data_parallel_size, layout.data_sharding)
         self.plan: RankPlan = phased.plan(layout.consumed) if phased is not None else \
             plan_stream(len(split), layout.micro_batch_size, layout.data_parallel_size, layout.consumed,
-                        layout.dataloader_type, layout.data_sharding)
+                        layout.dataloader_type, layout.data_sharding, layout.global_batch_size, layout.seed)
         self.plan_c = native_plan(self.plan)
         dp = layout.data_parallel_size
         width = rank_name_width(dp)

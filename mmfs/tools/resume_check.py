@@ -163,6 +163,9 @@ def resume_check_command(args: Any) -> int:
         raise ResumeCheckError(f"{args.config}: the {args.split} split has no samples")
     old = Sampling(t.data_parallel_size, t.micro_batch_size, t.dataloader_type, t.data_sharding)
     new = parse_to(args.to, args.consumed, t)
+    if "batch" in (old.dataloader_type, new.dataloader_type):
+        raise ResumeCheckError(f"{args.config}: training.dataloader_type: batch (Megatron-Bridge's sampler): "
+                               "resume-check counts Megatron-LM's samplers; compare the streams/ folders instead")
     split = corpus.splits[args.split].indices
     phases = corpus.config.phases if args.split == "train" else None
     in_phase = phases is not None and "cyclic" in (old.dataloader_type, new.dataloader_type)

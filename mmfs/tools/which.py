@@ -149,7 +149,7 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
     # a run in phases under the cyclic sampler: each phase's own sampler (docs/phases.md)
     phased = split_sampler(reader.indices, kind, mbs, dp, t.data_sharding)
     plan = phased.plan(0, whole_pass=False) if phased is not None else \
-        plan_ranks(len(reader), mbs, dp, kind, t.data_sharding)
+        plan_ranks(len(reader), mbs, dp, kind, t.data_sharding, t.split_batch_size(split), t.batch_seed)
     datasets = {d.name: d.dataset for d in corpus.datasets}
     phases = corpus.config.phases if split == "train" else None
     out: dict[str, Any] = {
@@ -175,7 +175,8 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
                     # job resumed at C; Megatron's sampler rebuilt there, pass after pass
                     at = launch["loader_consumed_samples"] if launch is not None else start
                     found = resumed_pass(len(reader), mbs, dp, at, kind, t.data_sharding, r,
-                                         (start - at) // (mbs * dp) + k, passes)
+                                         (start - at) // (mbs * dp) + k, passes, t.split_batch_size(split),
+                                         t.batch_seed)
                     if found is not None:
                         pass_plan, built_at, j = found
                         if launch is not None:  # (a --consumed answer stays the --iteration answer's twin)

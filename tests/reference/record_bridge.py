@@ -82,6 +82,12 @@ RUNS = {
     "resume-single": ({}, {}, {}, {"world_size": 2}, {"consumed_train_samples": 80, "consumed_valid_samples": 12}),
     "resume-cyclic": ({"dataloader_type": "cyclic"}, {}, {}, {"world_size": 2},
                       {"consumed_train_samples": 168, "consumed_valid_samples": 36}),
+    # Bridge's fine-tuning sampler (global batches reshuffled each epoch with seed + epoch)
+    "batch": ({"dataloader_type": "batch"}, {}, {}, {"world_size": 2}, None),
+    "batch-dp4": ({"dataloader_type": "batch"}, {"micro_batch_size": 1}, {"eval_global_batch_size": 8},
+                  {"world_size": 4}, None),
+    "resume-batch": ({"dataloader_type": "batch"}, {}, {}, {"world_size": 2},
+                     {"consumed_train_samples": 176, "consumed_valid_samples": 8}),
 }
 FIXTURE = "cyclic"  # the run whose run_config.yaml is saved as bridge_run_config.yaml
 RESUMED = "resume-cyclic"  # the run whose counts bridge_train_state.pt holds
@@ -125,11 +131,11 @@ def import_bridge() -> types.SimpleNamespace:
     package.__path__ = [f"{root}/bridge"]
     sys.modules["megatron.bridge"] = package
     megatron.bridge = package
-    from megatron.bridge.data import loaders, samplers, utils
+    from megatron.bridge.data import batch_utils, loaders, samplers, utils
     from megatron.bridge.training import config, state
     from megatron.bridge.training.tokenizers.config import TokenizerConfig
     from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
-    return types.SimpleNamespace(loaders=loaders, samplers=samplers, utils=utils, config=config, state=state,
+    return types.SimpleNamespace(batch_utils=batch_utils, loaders=loaders, samplers=samplers, utils=utils, config=config, state=state,
                                  TokenizerConfig=TokenizerConfig, build_tokenizer=build_tokenizer)
 
 
@@ -226,8 +232,17 @@ def make_config(b, name: str):
     return cfg, parallel["world_size"] // parallel.get("tensor_model_parallel_size", 1)
 
 
-def one_pass(loader) -> list[list[str]]:
-    return [batch_digests(batch) for batch in loader] if loader is not None else []
+def one_pass(b, loader, micro_batch_size: int) -> list[list[str]]:
+    """Each micro-batch of one pass of the loader; the batch sampler yields a rank's share
+    of a global batch, which train.py cuts into micro-batches (split_batch_into_microbatches)."""
+    if loader is None:
+        return []
+    out = []
+    for batch in loader:
+        rows = len(batch["tokens"])
+        for micro in b.batch_utils.split_batch_into_microbatches(batch, rows // micro_batch_size):
+            out.append(batch_digests(micro))
+    return out
 
 
 def record_run(b, name: str, folder: Path) -> tuple[dict, str]:
@@ -251,7 +266,10 @@ def record_run(b, name: str, folder: Path) -> tuple[dict, str]:
             b.loaders.torch = real_torch
         if datasets is None:
             datasets = [loader.dataset for loader in loaders]
-        out["ranks"][rank] = {split: one_pass(loader) for split, loader in zip(("train", "valid", "test"), loaders)}
+        sizes = (cfg.train.micro_batch_size, cfg.validation.eval_micro_batch_size,
+                 cfg.validation.eval_micro_batch_size)
+        out["ranks"][rank] = {split: one_pass(b, loader, mbs)
+                              for split, loader, mbs in zip(("train", "valid", "test"), loaders, sizes)}
     out["samples"] = {split: [sample_digest(ds[i]) for i in range(len(ds))]
                       for split, ds in zip(("train", "valid", "test"), datasets)}
     return out, yaml_path.read_text()
@@ -289,7 +307,7 @@ def main() -> None:
             "megatron_core_file": megatron.core.__file__.split("site-packages/")[-1],
             # the sha256 of each Bridge module that ran, as the 0.6.2 wheel ships it
             "bridge_modules": {m.__name__: hashlib.sha256(Path(m.__file__).read_bytes()).hexdigest()
-                               for m in (b.samplers, b.loaders, b.utils, b.config, b.state)},
+                               for m in (b.samplers, b.loaders, b.utils, b.config, b.state, b.batch_utils)},
             "how": "Bridge's ConfigContainer and sub-configs finalized by their own finalize(); counts by "
                    "loaders.get_train_valid_test_num_samples; datasets by utils.pretrain_train_valid_test_"
                    "datasets_provider; loaders by loaders.build_train_valid_test_data_loaders per emulated "

@@ -73,6 +73,8 @@ class RankPlan:
     epoch: int = 0
     whole_pass: bool = False
     phases: tuple = ()
+    seed: int = 0  # batch: the base seed; the epoch's permutation is randperm(total, seed + epoch)
+    global_batch_size: int = 0  # batch: the global batch it deals whole
 
     @property
     def samples_per_step(self) -> int:
@@ -89,27 +91,31 @@ class RankPlan:
         if self.kind == "phased":  # only the last phase's pass may end earlier for some ranks
             last = self.phases[-1]
             return last.first_file + last.plan.files_of(rank)
-        if self.kind != "unsharded" or not self.whole_pass:
+        if self.kind not in ("unsharded",) or not self.whole_pass:  # batch: every rank alike
             return self.files_per_rank
         # perm[start:][rank::dp], cut to whole micro-batches
         return len(range(self.start + rank, self.bucket_size, self.data_parallel_size)) // self.micro_batch_size
 
 
 def plan_kind(dataloader_type: str, data_sharding: bool) -> str:
-    if dataloader_type == "single":
-        return "single"
+    if dataloader_type in ("single", "batch"):
+        return dataloader_type
     if dataloader_type == "cyclic":
         return "sharded" if data_sharding else "unsharded"
     raise SamplerError(f"unknown dataloader_type {dataloader_type!r} (single or cyclic)")
 
 
 def plan_ranks(total: int, micro_batch_size: int, data_parallel_size: int,
-               dataloader_type: str = "single", data_sharding: bool = True) -> RankPlan:
-    """The plan of one split (total samples) under the training block's sampler."""
+               dataloader_type: str = "single", data_sharding: bool = True, global_batch_size: int = 0,
+               seed: int = 0) -> RankPlan:
+    """The plan of one split (total samples) under the training block's sampler
+    (batch: global_batch_size and the base seed too)."""
     mbs, dp = micro_batch_size, data_parallel_size
     if total < 0 or mbs <= 0 or dp <= 0:
         raise SamplerError(f"bad plan arguments: total {total}, micro_batch_size {mbs}, data_parallel_size {dp}")
     kind = plan_kind(dataloader_type, data_sharding)
+    if kind == "batch":
+        return _batch_plan(total, mbs, dp, global_batch_size, seed, 0)
     files = total // (mbs * dp)
     bucket = 0
     if kind == "sharded":
@@ -120,18 +126,42 @@ def plan_ranks(total: int, micro_batch_size: int, data_parallel_size: int,
     return RankPlan(kind, total, mbs, dp, files, bucket, permutation)
 
 
+def _batch_plan(total: int, mbs: int, dp: int, gbs: int, seed: int, consumed: int) -> RankPlan:
+    """Megatron-Bridge's MegatronPretrainingBatchSampler (drop_last) built at consumed_samples:
+    the epoch's randperm(total, seed + epoch) from the offset, whole global batches,
+    rank r reading G[r::dp] of each cut into micro-batches: file j holds
+    perm[offset + (j*mbs + m)*dp + r], the unsharded formula (the C reader's)."""
+    group = mbs * dp
+    if gbs <= 0 or gbs % group:
+        raise SamplerError(f"global_batch_size {gbs} is not a multiple of micro_batch_size x data_parallel_size "
+                           f"= {group} (Bridge's batch sampler raises)")
+    active = (total // gbs) * gbs
+    if active == 0:
+        raise SamplerError(f"the batch sampler over {total} samples needs at least one global batch of {gbs} "
+                           "(Bridge asserts)")
+    epoch, offset = divmod(consumed, active)
+    if seed + epoch > MAX_TORCH_SEED:
+        raise SamplerError(f"consumed_samples {consumed} is in epoch {epoch}: the batch sampler seeds torch's "
+                           f"generator with seed + epoch = {seed + epoch}, past 2**64 - 1 (torch raises)")
+    files = (total - offset) // gbs * (gbs // group)
+    return RankPlan("batch", total, mbs, dp, files, total, randperm(total, seed + epoch, index_dtype(total)), offset,
+                    epoch, True, seed=seed, global_batch_size=gbs)
+
+
 def plan_splits(training_cfg: Any, split_lengths: dict[str, int]) -> dict[str, RankPlan]:
     """The plan of every split under a config's TrainingConfig (config.training);
     split_lengths: {split: samples}, e.g. from Corpus.splits."""
     plans = {}
     for split, n in split_lengths.items():
         kind, mbs = training_cfg.layout(split)
-        plans[split] = plan_ranks(int(n), mbs, training_cfg.data_parallel_size, kind, training_cfg.data_sharding)
+        plans[split] = plan_ranks(int(n), mbs, training_cfg.data_parallel_size, kind, training_cfg.data_sharding,
+                                  training_cfg.split_batch_size(split), training_cfg.batch_seed)
     return plans
 
 
+# batch reads by the unsharded formula (_batch_plan)
 _KIND_CODES = {"single": lib.MMFS_PLAN_SINGLE, "sharded": lib.MMFS_PLAN_SHARDED,
-               "unsharded": lib.MMFS_PLAN_UNSHARDED, "phased": lib.MMFS_PLAN_PHASED}
+               "unsharded": lib.MMFS_PLAN_UNSHARDED, "phased": lib.MMFS_PLAN_PHASED, "batch": lib.MMFS_PLAN_UNSHARDED}
 
 
 def _fill(c, plan: RankPlan, placer: ArrayPlacer) -> list:
@@ -174,15 +204,18 @@ MAX_TORCH_SEED = 2**64 - 1
 
 
 def plan_stream(total: int, micro_batch_size: int, data_parallel_size: int, consumed: int,
-                dataloader_type: str = "single", data_sharding: bool = True) -> RankPlan:
+                dataloader_type: str = "single", data_sharding: bool = True, global_batch_size: int = 0,
+                seed: int = 0) -> RankPlan:
     """The pass Megatron's sampler makes when it is built with this layout and
     consumed_samples = `consumed`: to the end of the split (single) or of the
-    current epoch (cyclic). SamplerError where Megatron's sampler asserts."""
+    current epoch (cyclic, batch). SamplerError where Megatron's sampler asserts."""
     mbs, dp = micro_batch_size, data_parallel_size
     if mbs <= 0 or dp <= 0 or total <= 0 or consumed < 0:
         raise SamplerError(f"bad stream arguments: total {total}, micro_batch_size {mbs}, "
                            f"data_parallel_size {dp}, consumed_samples {consumed}")
     kind = plan_kind(dataloader_type, data_sharding)
+    if kind == "batch":
+        return _batch_plan(total, mbs, dp, global_batch_size, seed, consumed)
     group = mbs * dp
     if kind == "single":
         if consumed >= total:
@@ -255,7 +288,8 @@ def _check_epoch(epoch: int) -> None:
 
 def resumed_pass(total: int, micro_batch_size: int, data_parallel_size: int, consumed: int,
                  dataloader_type: str, data_sharding: bool, rank: int, k: int,
-                 plans: dict | None = None) -> tuple[RankPlan, int, int] | None:
+                 plans: dict | None = None, global_batch_size: int = 0,
+                 seed: int = 0) -> tuple[RankPlan, int, int] | None:
     """Where the k-th micro-batch (0-based) `rank` reads in a job resumed at
     consumed_samples `consumed` lies: (the pass that holds it, the consumed_samples
     that pass's sampler is built at, its index in the pass). The first pass is
@@ -270,7 +304,7 @@ def resumed_pass(total: int, micro_batch_size: int, data_parallel_size: int, con
         plan = plans.get(consumed)
         if plan is None:
             plan = plans[consumed] = plan_stream(total, micro_batch_size, data_parallel_size, consumed,
-                                                 dataloader_type, data_sharding)
+                                                 dataloader_type, data_sharding, global_batch_size, seed)
         files = plan.files_of(rank)
         if k < files:
             return plan, consumed, k
@@ -308,6 +342,13 @@ def stream_microbatch(plan: RankPlan, rank: int, n: int) -> tuple[np.ndarray, in
     if plan.kind == "single":
         return None
     mbs, dp, group = plan.micro_batch_size, plan.data_parallel_size, plan.samples_per_step
+    if plan.kind == "batch":  # every pass a whole epoch of files_per_rank, randperm(total, seed + epoch)
+        epoch, j = divmod(n, plan.files_per_rank)
+        if plan.seed + epoch > MAX_TORCH_SEED:
+            raise SamplerError(f"epoch {epoch}: the batch sampler seeds torch's generator with seed + epoch, "
+                               "which takes at most 2**64 - 1 (torch raises)")
+        perm = epoch_permutation(plan.total, plan.seed + epoch)
+        return perm[(j * mbs + np.arange(mbs, dtype=np.int64)) * dp + rank], epoch
     active = plan.files_per_rank * group
     if plan.kind == "sharded":  # every pass is a whole epoch of files_per_rank
         epoch, j = divmod(n, plan.files_per_rank)

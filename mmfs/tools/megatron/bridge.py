@@ -14,7 +14,9 @@ utils.py; recorded in tests/reference/bridge.json):
   (train_iters // eval_interval + 1) x eval_iters x eval_global_batch_size; test
   eval_iters x eval_global_batch_size (the training: block derives the same);
 - the dataset seed: dataset.random_seed (rng.seed seeds the model, not the data);
-- rampup_batch_size and step_batch_size_schedule: no effect on the samplers in 0.6.x.
+- rampup_batch_size and step_batch_size_schedule: no effect on the samplers in 0.6.x;
+- dataloader_type batch (fine-tuning recipes'): whole global batches of
+  randperm(split, dataset.random_seed + epoch), rank r reading G[r::dp] in order.
 """
 
 from __future__ import annotations
@@ -226,14 +228,12 @@ def data_parallel_size(model: dict, world_size: int | None, dp: int | None, comm
 def training_block(tree: dict, dp: int, comments: list[str]) -> dict[str, Any]:
     ds, train, val = section(tree, "dataset"), section(tree, "train"), section(tree, "validation")
     kind = ds.get("dataloader_type")
-    if kind == "batch":
-        raise BridgeConfigError("dataset.dataloader_type: batch (Bridge's fine-tuning sampler) is not served by mmfs; "
-                                "give single or cyclic")
-    if kind not in ("single", "cyclic"):
-        raise BridgeConfigError(f"dataset.dataloader_type: {show(kind)}: mmfs serves Bridge's single and cyclic "
-                                "samplers")
+    if kind not in ("single", "cyclic", "batch"):
+        raise BridgeConfigError(f"dataset.dataloader_type: {show(kind)}: mmfs serves Bridge's single, cyclic and "
+                                "batch samplers")
     if train.get("num_epochs") is not None:
-        raise BridgeConfigError("train.num_epochs: Bridge runs it with the batch sampler only; give train_iters")
+        raise BridgeConfigError("train.num_epochs: Bridge sizes such a run from a finite SFT dataset "
+                                "(GPTSFTDatasetConfig only); give train_iters or train_samples")
     if val.get("skip_train"):
         raise BridgeConfigError("validation.skip_train: Bridge then validates with the training sampler from 0; "
                                 "mmfs serves a training run's validation")
@@ -245,8 +245,8 @@ def training_block(tree: dict, dp: int, comments: list[str]) -> dict[str, Any]:
         raise BridgeConfigError(f"train.{'micro_batch_size' if mbs is None else 'global_batch_size'}: missing")
     block: dict[str, Any] = {"data_parallel_size": dp, "micro_batch_size": mbs, "dataloader_type": kind,
                              "global_batch_size": gbs}
-    if kind == "single" and ds.get("drop_last") is False:
-        raise BridgeConfigError("dataset.drop_last: false: the single sampler would read a last partial micro-batch; "
+    if kind in ("single", "batch") and ds.get("drop_last") is False:
+        raise BridgeConfigError(f"dataset.drop_last: false: the {kind} sampler would read a last partial batch; "
                                 "mmfs serves whole ones")
     # data_sharding: Bridge passes it to every cyclic sampler, valid's included
     block["data_sharding"] = ds.get("data_sharding", True) is not False

@@ -97,7 +97,8 @@ def _run(corpus, name: str, indices) -> tuple[Any, np.ndarray, dict[str, Any]]:
     kind, mbs = ("single", 1) if t is None else t.layout(name)  # the split's own sampler
     phased = None if t is None else split_sampler(indices, kind, mbs, t.data_parallel_size, t.data_sharding)
     plan = phased.plan(0, whole_pass=False) if phased is not None else \
-        None if t is None else plan_ranks(total, mbs, t.data_parallel_size, kind, t.data_sharding)
+        None if t is None else plan_ranks(total, mbs, t.data_parallel_size, kind, t.data_sharding,
+                                          t.split_batch_size(name), t.batch_seed)
     order = np.arange(total, dtype=np.int64) if plan is None else stream_order(plan)
     run: dict[str, Any] = {"axis": "sample", "samples": len(order), "iterations": None, "notes": []}
     if plan is not None and len(order) < total:
