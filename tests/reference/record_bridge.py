@@ -22,7 +22,9 @@ which the imported modules import. What runs is Bridge's own code, unmodified:
 - the loaders: data/loaders.py's build_train_valid_test_data_loaders over
   data/samplers.py's build_pretraining_data_loader (its samplers and a torch
   DataLoader), once per data-parallel rank, from a TrainState carrying the consumed
-  counts a checkpoint's train_state.pt holds.
+  counts a checkpoint's train_state.pt holds; the batch sampler's global-batch shares
+  cut into micro-batches by data/batch_utils.py's split_batch_into_microbatches, as
+  train.py's fine-tuning path does.
 
 What is not Bridge's own: Python 3.11 lacks typing.override (3.12), given here as
 typing_extensions'; Bridge's model, PEFT and diffusion packages and megatron.energon
@@ -135,8 +137,9 @@ def import_bridge() -> types.SimpleNamespace:
     from megatron.bridge.training import config, state
     from megatron.bridge.training.tokenizers.config import TokenizerConfig
     from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
-    return types.SimpleNamespace(batch_utils=batch_utils, loaders=loaders, samplers=samplers, utils=utils, config=config, state=state,
-                                 TokenizerConfig=TokenizerConfig, build_tokenizer=build_tokenizer)
+    return types.SimpleNamespace(batch_utils=batch_utils, loaders=loaders, samplers=samplers, utils=utils,
+                                 config=config, state=state, TokenizerConfig=TokenizerConfig,
+                                 build_tokenizer=build_tokenizer)
 
 
 class EmulatedTorch(types.ModuleType):
