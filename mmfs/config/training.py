@@ -183,8 +183,8 @@ def parse_training(value: Any, checker: Checker) -> TrainingConfig | None:
     mbs = optional_int("micro_batch_size", 1)
     kind = value.get("dataloader_type", "single")
     if kind not in (*DATALOADER_TYPES, BATCH):
-        raise checker.fail("training.dataloader_type", f"{kind!r} is not a dataloader type (single, cyclic, or "
-                                                       "Megatron-Bridge's batch)")
+        raise checker.fail("training.dataloader_type", f"{kind!r} is not a dataloader type (single or cyclic; "
+                                                       "batch: Megatron-Bridge's)")
     sharding = value.get("data_sharding")
     if sharding is not None:
         sharding = checker.boolean(sharding, "training.data_sharding")
