@@ -367,3 +367,14 @@ def test_blend_per_split(launch_dir):
     assert config["blend_per_split"] == {"train": [{"path": "data/web"}], "valid": [{"path": "data/code"}],
                                          "test": None}
     assert "split" not in config
+
+
+@pytest.mark.parametrize("run", ["cyclic"], indirect=True)
+def test_provider_in_process(run):
+    """The provider given the config file instead of a mount: its files served in this
+    process (mmfs.loader.Mount of a config), the same samples."""
+    config = str(run.path.parent / f"{run.name}.yaml")
+    datasets = mount_datasets_provider(config)(run.ref["num_samples"], SimpleNamespace(random_seed=31))
+    for split, ds in zip(SPLITS, datasets):
+        got = [digest(np.append(ds[i]["tokens"], ds[i]["labels"][-1])) for i in range(len(ds))]
+        assert not describe(f"in-process provider {split}", got, run.ref["samples"][split])

@@ -75,7 +75,8 @@ def _check(mount: Mount, counts: Any, dataset_config: Any) -> None:
 
 
 def mount_datasets_provider(mount_path: str | os.PathLike):
-    """Bridge's provider callable over the mount at mount_path:
+    """Bridge's provider callable over the mount at mount_path (or, given a config file,
+    its mount's files served in this process: mmfs.loader.Mount):
     provider(train_val_test_num_samples, dataset_config) -> (train, valid, test)."""
     mount = Mount(mount_path)
 
