@@ -44,7 +44,7 @@ from mmfs.native import ffi, lib
 class RankPlan:
     """One pass of one split's sampler, for every rank, without per-rank lists.
 
-    kind:        "single" | "sharded" | "unsharded"
+    kind:        "single" | "sharded" | "unsharded" | "batch" (Megatron-Bridge's)
     total:       samples in the split
     micro_batch_size, data_parallel_size
     files_per_rank: the micro-batches of rank 0 (the most of any rank; the same
@@ -127,10 +127,9 @@ def plan_ranks(total: int, micro_batch_size: int, data_parallel_size: int,
 
 
 def _batch_plan(total: int, mbs: int, dp: int, gbs: int, seed: int, consumed: int) -> RankPlan:
-    """Megatron-Bridge's MegatronPretrainingBatchSampler (drop_last) built at consumed_samples:
-    the epoch's randperm(total, seed + epoch) from the offset, whole global batches,
-    rank r reading G[r::dp] of each cut into micro-batches: file j holds
-    perm[offset + (j*mbs + m)*dp + r], the unsharded formula (the C reader's)."""
+    """Megatron-Bridge's MegatronPretrainingBatchSampler (drop_last) built at `consumed`: whole
+    global batches G of randperm(total, seed + epoch) from the epoch's offset, rank r reading
+    G[r::dp] in order: file j is perm[offset + (j*mbs + m)*dp + r], the unsharded formula."""
     group = mbs * dp
     if gbs <= 0 or gbs % group:
         raise SamplerError(f"global_batch_size {gbs} is not a multiple of micro_batch_size x data_parallel_size "
