@@ -3,9 +3,14 @@
 #include "mmfs_files.h"
 #include "mmfs_placing.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 void mmfs_files_add_many(const char *paths, int64_t n, const uint64_t *identity, int64_t *ids) {
     const char *path = paths;
@@ -73,4 +78,71 @@ void mmfs_arrays_fill(mmfs_array *const *structs, int64_t n, const int64_t *addr
         c->fetch = NULL;
         c->fetch_ctx = NULL;
     }
+}
+
+/* Read n bytes at pos into to, through short reads and EINTR: the bytes read, or -1. */
+static int64_t pread_fully(int fd, uint8_t *to, int64_t n, int64_t pos) {
+    int64_t done = 0;
+    while (done < n) {
+        ssize_t k = pread(fd, to + done, (size_t)(n - done), pos + done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) break;
+        done += k;
+    }
+    return done;
+}
+
+#define SPAN_GAP (256 << 10) /* regions nearer than this are read in one span */
+#define SPAN_MAX (8 << 20)   /* ... of at most this many bytes (a region longer is read on its own) */
+
+int32_t mmfs_regions_copy(const char *path, const int64_t *identity, int64_t n, const int64_t *offsets,
+                          const int64_t *lengths, uint8_t *out, const int64_t *at) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return MMFS_E_IO;
+    struct stat st;
+    int32_t rc = MMFS_E_IO;
+    uint8_t *span = NULL;
+    if (fstat(fd, &st) != 0) goto done;
+    int64_t mtime = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    if (!S_ISREG(st.st_mode) || (identity[0] >= 0 && st.st_size != identity[0]) ||
+        (identity[1] >= 0 && mtime != identity[1]) || (identity[2] >= 0 && (int64_t)st.st_ino != identity[2])) {
+        rc = MMFS_E_CHANGED;
+        goto done;
+    }
+    span = malloc(SPAN_MAX);
+    if (!span) {
+        rc = MMFS_E_NOMEM;
+        goto done;
+    }
+    for (int64_t i = 0; i < n;) {
+        if (lengths[i] >= SPAN_MAX) { /* a long region: straight to its place */
+            int64_t got = pread_fully(fd, out + at[i], lengths[i], offsets[i]);
+            if (got < 0) goto done;
+            if (got < lengths[i]) {
+                rc = MMFS_E_CHANGED;
+                goto done;
+            }
+            ++i;
+            continue;
+        }
+        int64_t begin = offsets[i], end = offsets[i] + lengths[i], j = i + 1;
+        while (j < n && lengths[j] < SPAN_MAX && offsets[j] >= begin && offsets[j] - end <= SPAN_GAP &&
+               (offsets[j] + lengths[j] > end ? offsets[j] + lengths[j] : end) - begin <= SPAN_MAX) {
+            if (offsets[j] + lengths[j] > end) end = offsets[j] + lengths[j];
+            ++j;
+        }
+        int64_t got = pread_fully(fd, span, end - begin, begin);
+        if (got < 0) goto done;
+        if (got < end - begin) {
+            rc = MMFS_E_CHANGED;
+            goto done;
+        }
+        for (; i < j; ++i) memcpy(out + at[i], span + (offsets[i] - begin), (size_t)lengths[i]);
+    }
+    rc = 0;
+done:
+    free(span);
+    close(fd);
+    return rc;
 }

@@ -107,16 +107,35 @@ def test_a_change_makes_the_record_stale_and_it_is_written_again(blend, change, 
     assert data_files(third["opened"], tmp_path) == [os.path.realpath(config)]  # the record again
 
 
-def test_a_cache_file_changed_in_place_under_the_record_is_rebuilt(blend, tmp_path):
-    config = blend
-    expected, _ = reopen(config)
-    cache = tmp_path / "cache"
+def _truncate_a_sample_index(cache) -> None:
     sample = sorted(n for n in os.listdir(cache) if n.endswith("-train-sample_index.npy"))[0]
     with open(cache / sample, "r+b") as f:  # no file added or removed: the folder is unchanged
         f.truncate(os.path.getsize(cache / sample) - 8)
+
+
+def test_a_cache_file_changed_in_place_under_the_record_is_rebuilt(tmp_path, monkeypatch):
+    """A config of too few indices for a pack (cache/pack.py) reads its .npy files:
+    one changed in place is noticed when it is read."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+    config = write_tiny_blend(tmp_path, 4)
+    open_corpus(config, progress=False)
+    assert json.loads(open(record_of(config), "rb").read())["pack"] is None
+    expected, _ = reopen(config)
+    _truncate_a_sample_index(tmp_path / "cache")
     again, log = reopen(config)
     assert again["samples"] == expected["samples"] and not again["from_cache"]
     assert "that record is removed" in log
+
+
+def test_a_packed_config_serves_its_pack_whatever_a_source_became(blend, tmp_path):
+    """With a pack, the readers read the pack, whose bytes were checked against each
+    .npy when it was written: a .npy changed in place since changes nothing served."""
+    config = blend
+    expected, _ = reopen(config)
+    _truncate_a_sample_index(tmp_path / "cache")
+    for limit in (-1, 0, 64):
+        again, _ = reopen(config, limit)
+        assert again["samples"] == expected["samples"] and again["from_cache"]
 
 
 def one_element_later(entry):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import mmap
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -122,6 +123,17 @@ def native_array(array: np.ndarray) -> np.ndarray:
 _fetched = itertools.count(1)  # one per fetched source a placer places: keys the C block cache
 
 
+def _map_checked(path: str, identity: FileId) -> np.ndarray:
+    """The whole file mapped, once it is checked to be the file `identity` names."""
+    st = os.stat(path)
+    if (st.st_size, st.st_mtime_ns, st.st_ino) != tuple(identity):
+        raise FormatError(f"{path}: changed since the indices were read from it; run the command again")
+    whole = localfiles.map_file(path)
+    if len(whole) != identity[0]:
+        raise FormatError(f"{path}: changed since the indices were read from it; run the command again")
+    return whole
+
+
 class ArrayPlacer:
     """Fills `mmfs_array` structs and decides where each array is read from.
 
@@ -136,6 +148,7 @@ class ArrayPlacer:
         self.map_limit = map_limit
         self._rows = FileArrays()  # file-backed arrays under a limit
         self._mapped: dict[tuple[str, int], int] = {}  # without a limit: each file region mapped, its bytes
+        self._whole: dict[str, np.ndarray] = {}  # without a limit: files mapped whole (a pack: cache/pack.py)
         self._handles: dict[int, tuple[Any, int]] = {}  # id(source) -> (ctx handle, file)
         self.mapped_bytes = 0  # file-backed, mapped (or copied by load())
         self.pread_bytes = 0   # file-backed, read with pread
@@ -169,6 +182,11 @@ class ArrayPlacer:
         if self.map_limit is not None and dtype.isnative and count:
             self._rows.add(c, path, offset, dtype, shape, count, identity, known_from)
             return None
+        if known_from is None and identity is not None and count:  # a region of a pack: its one map
+            whole = self._whole.get(path)
+            if whole is None:
+                whole = self._whole[path] = _map_checked(path, identity)
+            return self.place(c, whole[offset : offset + count * dtype.itemsize].view(dtype).reshape(shape))
         return self.place(c, CachedArray(path, dtype, shape, offset, file=identity, known_from=known_from))
 
     def _place_fetched(self, c: Any, array: FetchedArray) -> FetchedArray:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections import Counter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -186,7 +187,17 @@ class FileArrays:
         at = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(-(-lengths // 64) * 64, out=at[1:])  # each copy starts 64-byte aligned: any dtype may view it
         block = np.empty(int(at[-1]), dtype=np.uint8)
-        heads, got = _read(t, which, lengths, block, at)
+        heads, got = np.zeros((n, HEADS), dtype=np.uint8), np.zeros(n, dtype=np.int32)
+        packed = _packed(t, which)
+        rest = np.flatnonzero(~packed)
+        if len(rest):
+            heads[rest], got[rest] = _read(t, which[rest], lengths[rest], block, np.ascontiguousarray(at[rest]))
+        for rows in _by_file(t, which, packed):
+            got[rows] = lib.mmfs_regions_copy(
+                _bytes([t.paths[which[rows[0]]]]), _ptr("int64_t", _identities(t.take(t.identities, which[rows[:1]]))),
+                len(rows), _ptr("int64_t", np.ascontiguousarray(t.offsets[which[rows]])),
+                _ptr("int64_t", np.ascontiguousarray(lengths[rows])), _ptr("uint8_t", block),
+                _ptr("int64_t", np.ascontiguousarray(at[rows])))
         for k in np.flatnonzero(got < 0).tolist():
             why = "changed since it was read" if got[k] == lib.MMFS_E_CHANGED else "cannot be read"
             row = t.row(which[k])
@@ -240,6 +251,34 @@ class FileArrays:
                 array.check_head(_head(int(ids[k]), array))
             else:
                 array.check_head(heads[k, :n].tobytes())
+
+
+PACKED_FROM = 16  # rows of one file, none to check against a .npy header: a pack's, read as one file
+
+
+def _packed(t: _Columns, which: np.ndarray) -> np.ndarray:
+    """Which of rows `which` lie in a file holding PACKED_FROM of them or more with no
+    .npy header to check (the config's pack, cache/pack.py): copied file by file
+    (mmfs_regions_copy: one open, a few long reads), not array by array."""
+    paths = t.take(t.paths, which)
+    unchecked = t.known[which] == None  # noqa: E711 (element-wise)
+    many = {p for p, n in Counter(p for p, u in zip(paths, unchecked.tolist()) if u).items() if n >= PACKED_FROM}
+    if not many:
+        return np.zeros(len(which), dtype=bool)
+    return unchecked & np.fromiter((p in many for p in paths), dtype=bool, count=len(paths))
+
+
+def _by_file(t: _Columns, which: np.ndarray, packed: np.ndarray) -> list[np.ndarray]:
+    """The packed rows (positions in `which`) of each file, in the order of their offsets."""
+    rows = np.flatnonzero(packed)
+    groups: dict[str, list[int]] = {}
+    for k in rows.tolist():
+        groups.setdefault(t.paths[which[k]], []).append(k)
+    out = []
+    for ks in groups.values():
+        ks = np.array(ks, dtype=np.int64)
+        out.append(ks[np.argsort(t.offsets[which[ks]], kind="stable")])
+    return out
 
 
 def _read(t: _Columns, which: np.ndarray, lengths: np.ndarray, block: np.ndarray,

@@ -27,11 +27,13 @@ import os
 import stat
 from collections.abc import MutableMapping
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import metadata
 
 import numpy as np
 
 from mmfs.config.safe_yaml import MAX_CONFIG_BYTES
+from mmfs.megatron.cache import pack as packs
 from mmfs.megatron.cache.npyfile import CachedArray, FileId, file_id
 from mmfs.megatron.cache.write import temp_name, unlink_quietly
 from mmfs.storage import scheme_of
@@ -80,6 +82,16 @@ class Resolved:
     # index: [hash, description FileId, {array: [descr, shape, offset, FileId]}]
     splits: dict[str, list]
     file: FileId  # the record's own identity, as read (cache/derived.py keys what it derived by it)
+    pack_named: list | None = None  # [path, identity, table digest] of the config's pack (cache/pack.py)
+
+    @cached_property
+    def pack(self) -> packs.Pack | None:
+        """The pack the record names, read when first asked for (a re-open that maps no
+        array, `mmfs build`, does not); None when there is none or it is not that file."""
+        if not self.pack_named:
+            return None
+        path, ident, digest = self.pack_named
+        return packs.read(path, (tuple(ident), digest))
 
     @property
     def config(self) -> tuple:
@@ -92,7 +104,7 @@ class Resolved:
         if hash_ != cache.hash or sorted(arrays) != sorted(names):
             raise ValueError(f"{self.path}: not the arrays of {cache.base}")
         cache.description_file = tuple(description)
-        return RecordedArrays(self.path, cache, arrays)
+        return RecordedArrays(self, cache, arrays)
 
 
 class RecordedArrays(MutableMapping):
@@ -100,10 +112,10 @@ class RecordedArrays(MutableMapping):
     asked for (a re-open of 20,000 indices asks for none; their lengths come from
     the recorded shapes), then held as the caller stores it (mapped, say)."""
 
-    __slots__ = ("_record", "_cache", "_facts", "_held")
+    __slots__ = ("_resolved", "_record", "_cache", "_facts", "_held")
 
-    def __init__(self, record: str, cache, facts: dict) -> None:
-        self._record, self._cache, self._facts, self._held = record, cache, facts, {}
+    def __init__(self, resolved: Resolved, cache, facts: dict) -> None:
+        self._resolved, self._record, self._cache, self._facts, self._held = resolved, resolved.path, cache, facts, {}
 
     def __getitem__(self, name: str):
         found = self._held.get(name)
@@ -134,14 +146,27 @@ class RecordedArrays(MutableMapping):
     def facts(self, names: tuple[str, ...]) -> list[tuple] | None:
         """(path, offset, dtype, shape, file identity, this record) of each of the arrays
         `names`, without making them (the placer takes them as they are); None once one
-        is made (it is held as the caller stored it)."""
+        is made (it is held as the caller stored it). With the config's pack, each is
+        where the pack holds it (checked against the pack's own table: a record that
+        disagrees is removed, HeaderFileLied), with the pack's identity, and nothing
+        left to check against a `.npy` header (None)."""
         if self._held or not isinstance(self._facts, dict):
             return None
         prefix, record, facts = self._cache.path(""), self._record, self._facts
+        pack = self._resolved.pack
+        packed = None if pack is None else pack.table.get(prefix[:-1])
         out = []
         for name in names:
             descr, shape, offset, saved = facts[name]
-            out.append((f"{prefix}{name}.npy", offset, _dtype(descr), tuple(shape), tuple(saved), record))
+            if packed is None:
+                out.append((f"{prefix}{name}.npy", offset, _dtype(descr), tuple(shape), tuple(saved), record))
+                continue
+            found = packed.get(name)
+            if not isinstance(found, list) or len(found) != 5 or found[:2] != [descr, shape] \
+                    or found[3:] != [offset, saved]:
+                raise CachedArray(f"{prefix}{name}.npy", _dtype(descr), tuple(shape), offset, file=tuple(saved),
+                                  known_from=record).lied(f"{pack.path}: holds {found} as {prefix}{name}.npy")
+            out.append((pack.path, found[2], _dtype(descr), tuple(shape), pack.file, None))
         return out
 
     def shape_of(self, name: str) -> tuple[int, ...]:
@@ -215,7 +240,7 @@ def read(config_path: str) -> Resolved | None:
                 return None
             datasets[file] = (*stats, tuple(header))
         return Resolved(path, record["config"]["yaml"], digest, record["names"], datasets, record["splits"],
-                        record_file)
+                        record_file, record.get("pack"))
     except (LookupError, TypeError, ValueError, AttributeError):
         return None
 
@@ -241,6 +266,7 @@ def write(config, by_file: dict, splits: dict) -> None:
         return
     splits_out: dict[str, list] = {}
     folders: set[str] = set()
+    packed: dict[str, dict[str, CachedArray]] = {}  # cache path prefix -> its arrays
 
     def index(part) -> list | None:
         cache = part.cache
@@ -249,6 +275,7 @@ def write(config, by_file: dict, splits: dict) -> None:
                 isinstance(a, CachedArray) and a.file for a in arrays.values()):
             return None  # held in memory: not in the cache
         folders.add(cache.folder)
+        packed[os.path.join(cache.folder, cache.base)] = arrays
         return [cache.hash, cache.description_file,
                 {n: [a.dtype.str, a.shape, a.offset, a.file] for n, a in arrays.items()}]
 
@@ -267,6 +294,8 @@ def write(config, by_file: dict, splits: dict) -> None:
             blend = [split.blend.weights, split.blend.size, *entry]
         splits_out[name] = [gpts, blend]
     yaml, digest = config.source
+    # The pack first: written into a cache folder, it changes the folder the record stats.
+    pack = packs.ensure(os.path.dirname(next(iter(packed))), packed) if len(packed) >= packs.PACK_FROM else None
     try:
         stats = {folder: os.stat(folder) for folder in sorted(folders)}
         datasets = {file: [list(ds.idx.file_identity), list(ds.bin.file_identity), list(ds.facts())]
@@ -276,7 +305,7 @@ def write(config, by_file: dict, splits: dict) -> None:
             "config": {"path": os.path.realpath(config.path), "sha256": digest, "yaml": yaml},
             "folders": {folder: [st.st_mtime_ns, st.st_ino] for folder, st in stats.items()},
             "names": {spec.file: spec.name for spec in config.all_datasets},
-            "datasets": datasets, "splits": splits_out,
+            "datasets": datasets, "splits": splits_out, "pack": None if pack is None else pack.named(),
         }
         text = json.dumps(record, separators=(",", ":"))
         again = json.loads(text)
