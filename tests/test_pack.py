@@ -59,7 +59,8 @@ def user_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))  # the record's folder, this test's
 
 
-def _opened_by_a_mount(tmp_path, datasets: int, documents: int, options: tuple[str, ...]) -> tuple[list, dict]:
+def _opened_by_a_mount(tmp_path, datasets: int, documents: int, options: tuple[str, ...],
+                       record: bool = True) -> tuple[list, list]:
     """The cache files a mount opened (as it starts, then serving samples across the
     blend) and the samples it served, against those read from the .npy files."""
     folder = tmp_path / f"n{datasets}"
@@ -67,8 +68,10 @@ def _opened_by_a_mount(tmp_path, datasets: int, documents: int, options: tuple[s
     config = write_tiny_blend(folder, datasets, documents=documents)
     built = mmfs("-q", "build", config)
     assert built.returncode == 0, built.stderr
-    record = json.loads(open(resolved.record_path(config), "rb").read())
-    assert record["pack"] is not None and os.path.exists(record["pack"][0])
+    saved = json.loads(open(resolved.record_path(config), "rb").read())
+    assert saved["pack"] is not None and os.path.exists(saved["pack"][0])
+    if not record:
+        resolved.forget(config)  # a node without the record: the full open, then the record it writes
     events = OpenEvents(folder / "cache")
     try:
         with mounted(config, folder / "mnt", *options) as m:
@@ -97,6 +100,16 @@ def test_a_mount_opens_the_same_few_cache_files_whatever_the_blend(tmp_path, use
     assert len(set(large)) <= CACHE_FILES_AT_MOST and len(large) <= CACHE_FILES_AT_MOST, large
     assert len(set(small)) == len(set(large)) and len(set(small_start)) == len(set(large_start))
     assert all(name.endswith("-mmfs-pack") for name in large), large
+
+
+def test_a_mount_without_the_record_opens_the_pack_and_the_header_file(tmp_path, user_cache):
+    """A node whose record folder does not hold the record (its own home): the full
+    open stats the cache files (the header file) and writes the record; the mount
+    then reads the indices from the pack all the same."""
+    small, _ = _opened_by_a_mount(tmp_path, 24, 40, (), record=False)
+    large, _ = _opened_by_a_mount(tmp_path, 1000, 8, (), record=False)
+    assert set(n.split("-", 1)[1] for n in large) == {"mmfs-pack", "mmfs-headers.json"}, large
+    assert len(set(small)) == len(set(large)) and len(large) <= CACHE_FILES_AT_MOST
 
 
 def test_a_pack_replaced_under_a_live_mount_is_never_served(tmp_path, user_cache):

@@ -289,6 +289,16 @@ def index_bytes_in_memory(corpus: Corpus) -> int:
     return total
 
 
+def _packed_since(corpus: Corpus) -> bool:
+    """Whether the corpus was opened the full way and its open wrote a record naming
+    the config's pack (cache/pack.py): opened again from that record, its readers
+    read the pack, one file, not each index's .npy files (a node without the record)."""
+    if corpus.record is not None or not isinstance(corpus.config_path, str):
+        return False
+    record = resolved.read(corpus.config_path)
+    return record is not None and bool(record.pack_named)
+
+
 def open_corpus_for_serving(config_path: str, progress: bool = True, map_limit_mb: int = 64,
                             open_files: int = DEFAULT_OPEN_FILES, freeze: bool = False) -> Corpus:
     """open_corpus for a long-running reader (the mount daemon): indices just
@@ -298,7 +308,7 @@ def open_corpus_for_serving(config_path: str, progress: bool = True, map_limit_m
     them, and for the cache file of each dataset in object storage, where needed."""
     corpus = open_corpus(config_path, progress=progress, map_limit_mb=map_limit_mb, freeze=freeze)
     fit_open_files(corpus.remote_files, open_files, f"the mount of {config_path}")
-    if index_bytes_in_memory(corpus) <= REOPEN_ABOVE:
+    if index_bytes_in_memory(corpus) <= REOPEN_ABOVE and not _packed_since(corpus):
         return corpus
     log.info("re-opening the indices from the cache")
     corpus = open_corpus(config_path, progress=False, map_limit_mb=map_limit_mb, freeze=freeze)
