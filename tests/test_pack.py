@@ -18,7 +18,7 @@ from tiny_blends import write_tiny_blend
 
 from mmfs.megatron import open_corpus
 from mmfs.megatron.cache import pack, resolved
-from mount_fixtures import mmfs, mounted, samples, stop_mount, start_mount
+from mount_fixtures import mmfs, mounted, samples, start_mount, stop_mount
 
 IN_OPEN, IN_Q_OVERFLOW = 0x20, 0x4000
 CACHE_FILES_AT_MOST = 16

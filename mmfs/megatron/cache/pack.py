@@ -132,7 +132,7 @@ def ensure(folder: str, indices: dict[str, dict[str, CachedArray]]) -> Pack | No
     if found is not None and _holds(found, indices):
         return found
     try:
-        return _write(path, indices)
+        return _write(path, indices, found)
     except (OSError, ValueError) as exc:
         log.debug("%s: not written (%s)", path, exc)
         return None
@@ -148,21 +148,27 @@ def _copy(a: CachedArray, to: int, at: int) -> None:
         head = os.pread(fd, max(a.offset, min(HEAD, st.st_size)), 0)
         if parse_npy_header(head) != (a.dtype, a.shape, a.offset):
             raise ValueError(f"{a.path}: not the header loaded")
-        left, src, dst = a.nbytes, a.offset, at
-        while left:
-            try:
-                n = os.copy_file_range(fd, to, left, src, dst)
-            except OSError:  # a file system that does not copy in the kernel
-                chunk = os.pread(fd, min(left, 8 << 20), src)
-                n = os.pwrite(to, chunk, dst) if chunk else 0
-            if n <= 0:
-                raise ValueError(f"{a.path}: shorter than its header says")
-            left, src, dst = left - n, src + n, dst + n
+        _copy_range(fd, to, a.nbytes, a.offset, at)
     finally:
         os.close(fd)
 
 
-def _write(path: str, indices: dict[str, dict[str, CachedArray]]) -> Pack:
+def _copy_range(src: int, to: int, n: int, at_src: int, at: int) -> None:
+    while n:
+        try:
+            k = os.copy_file_range(src, to, n, at_src, at)
+        except OSError:  # a file system that does not copy in the kernel
+            chunk = os.pread(src, min(n, 8 << 20), at_src)
+            k = os.pwrite(to, chunk, at) if chunk else 0
+        if k <= 0:
+            raise ValueError("a source shorter than its header says")
+        n, at_src, at = n - k, at_src + k, at + k
+
+
+def _write(path: str, indices: dict[str, dict[str, CachedArray]], old: Pack | None) -> Pack:
+    """A new pack of `indices`; each array the old pack holds as it is now (the same
+    source file, facts and bytes) is copied from it, the others from their .npy: one
+    index changed costs its own files' opens, not every index's."""
     arrays = sorted(((a.nbytes, prefix, name) for prefix, named in indices.items() for name, a in named.items()))
     table: dict[str, dict] = {prefix: {} for prefix in indices}
     at = DATA_FROM
@@ -171,22 +177,34 @@ def _write(path: str, indices: dict[str, dict[str, CachedArray]]) -> Pack:
         a = indices[prefix][name]
         descr, shape, offset, source = _entry(a)
         table[prefix][name] = [descr, shape, at, offset, source]
-        placed.append((a, at))
+        kept = None if old is None else old.table.get(prefix, {}).get(name)
+        placed.append((a, at, kept[2] if isinstance(kept, list) and len(kept) == 5 and
+                       [kept[0], kept[1], kept[3], kept[4]] == [descr, shape, offset, source] else None))
         at += -(-nbytes // ALIGN) * ALIGN
     raw = json.dumps({"version": VERSION, "indices": table}, separators=(",", ":")).encode()
     folder = os.path.dirname(path)
     tmp = temp_name(folder, path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    old_fd = None
     try:
         try:
-            for a, to in placed:
-                _copy(a, fd, to)
+            if old is not None and any(was is not None for _, _, was in placed):
+                old_fd, st = open_regular(old.path)
+                if file_id(st) != old.file:
+                    raise ValueError(f"{old.path}: changed while it was read")
+            for a, to, was in placed:
+                if was is None:
+                    _copy(a, fd, to)
+                else:
+                    _copy_range(old_fd, fd, a.nbytes, was, to)
             os.pwrite(fd, raw, at)
             os.pwrite(fd, _head(at, raw), 0)
             os.fsync(fd)  # a pack a record names is never torn: its bytes are served
             ident = file_id(os.fstat(fd))
         finally:
             os.close(fd)
+            if old_fd is not None:
+                os.close(old_fd)
         os.replace(tmp, path)
     except BaseException:
         unlink_quietly(tmp)
