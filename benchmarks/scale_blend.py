@@ -235,9 +235,9 @@ def has_megatron(python: str) -> bool:
 
 
 def same_tree(a: str, b: str) -> str:
-    """Whether two caches hold the same files (mmfs's header files aside: Megatron
-    writes none)."""
-    names_a, names_b = (sorted(n for n in os.listdir(d) if not n.endswith("-mmfs-headers.json"))
+    """Whether two caches hold the same files (mmfs's header files and packs aside:
+    Megatron writes none)."""
+    names_a, names_b = (sorted(n for n in os.listdir(d) if not n.endswith(("-mmfs-headers.json", "-mmfs-pack")))
                         for d in (a, b))
     if names_a != names_b:
         return f"DIFFERENT names ({len(names_a)} vs {len(names_b)} files)"
