@@ -129,11 +129,14 @@ def ensure(folder: str, indices: dict[str, dict[str, CachedArray]]) -> Pack | No
     that cannot take it: the record then names none, and its files are read)."""
     path = os.path.join(folder, name_of(list(indices)))
     found = read(path)
-    if found is not None and _holds(found, indices):
-        return found
+    try:
+        if found is not None and _holds(found, indices):
+            return found
+    except (ValueError, TypeError, LookupError, AttributeError):  # a table of another shape: written again
+        found = None
     try:
         return _write(path, indices, found)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError, LookupError, AttributeError) as exc:
         log.debug("%s: not written (%s)", path, exc)
         return None
 

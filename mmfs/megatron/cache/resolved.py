@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import stat
 from collections.abc import MutableMapping
@@ -161,9 +162,10 @@ class RecordedArrays(MutableMapping):
             if packed is None:
                 out.append((f"{prefix}{name}.npy", offset, _dtype(descr), tuple(shape), tuple(saved), record))
                 continue
-            found = packed.get(name)
+            found = packed.get(name) if isinstance(packed, dict) else packed
             if not isinstance(found, list) or len(found) != 5 or found[:2] != [descr, shape] \
-                    or found[3:] != [offset, saved]:
+                    or found[3:] != [offset, saved] or type(found[2]) is not int or found[2] < 0 \
+                    or found[2] + math.prod(shape) * _dtype(descr).itemsize > pack.file[0]:
                 raise CachedArray(f"{prefix}{name}.npy", _dtype(descr), tuple(shape), offset, file=tuple(saved),
                                   known_from=record).lied(f"{pack.path}: holds {found} as {prefix}{name}.npy")
             out.append((pack.path, found[2], _dtype(descr), tuple(shape), pack.file, None))
