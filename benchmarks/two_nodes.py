@@ -10,7 +10,8 @@ provider reads (`streams/dp=D,mbs=M,from=0/RRR/`), checked against a mount of th
 same data from local disk. Then, in the same run, one node alone mounts the same
 config and reads every rank: the baseline the two nodes are compared with.
 
-    python benchmarks/two_nodes.py [--tokens 50000000] [--files 200] [--delay 0.02]
+    python benchmarks/two_nodes.py [--tokens 50000000] [--files 200] [--delay 0.02] [--nodes 2]
+        [--prefetch 8MiB|default] [--no-baseline]
 
 Prints, per node: how it got the indices (built, from cache), its mount time, the
 bytes its proxy passed on against the bytes its ranks read, its requests and its
@@ -98,10 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mbs", type=int, default=2)
     p.add_argument("--files", type=int, default=100, help="micro-batches each rank reads")
     p.add_argument("--delay", type=float, default=0.02, help="seconds the proxy adds to each request")
-    p.add_argument("--prefetch", default="8MiB", help="storage.prefetch of the config")
+    p.add_argument("--prefetch", default="8MiB", help="storage.prefetch of the config (default: the config's own)")
+    p.add_argument("--nodes", type=int, default=2, help="nodes of the job, each a mount serving its own ranks")
+    p.add_argument("--no-baseline", action="store_true", help="skip the one-node run")
     args = p.parse_args(argv)
-    dp = 2 * args.ranks_per_node
-    ranks = {"a": list(range(args.ranks_per_node)), "b": list(range(args.ranks_per_node, dp))}
+    dp = args.nodes * args.ranks_per_node
+    ranks = {chr(ord("a") + n): list(range(n * args.ranks_per_node, (n + 1) * args.ranks_per_node))
+             for n in range(args.nodes)}
     with tempfile.TemporaryDirectory(prefix="mmfs-two-nodes-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
         prefix = write_dataset(work / "data", args.tokens)
@@ -109,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(server.stop)
         for suffix in (".bin", ".idx"):
             server.put(BUCKET, f"data/toks{suffix}", prefix.with_suffix(suffix).read_bytes())
-        storage = {"prefetch": args.prefetch}
+        storage = {"prefetch": args.prefetch} if args.prefetch != "default" else None
         local_cfg = job_config(work / "local.yaml", str(prefix), work / "local-cache", args.seq, dp, args.mbs)
         local = Node("local", FaultProxy(server.port), work / "local")
         stack.callback(local.proxy.close)
@@ -120,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.seq}, {dp} ranks of micro-batches of {args.mbs}, {args.files} micro-batches a rank, "
               f"{args.delay * 1000:.0f} ms added to each request, prefetch {args.prefetch}")
         results = {}
-        for label, layout in (("two nodes", ranks), ("one node", {"a": list(range(dp))})):
+        label_n = f"{args.nodes} nodes"
+        runs = [(label_n, ranks)] + ([] if args.no_baseline else [("one node", {"a": list(range(dp))})])
+        for label, layout in runs:
             cache = work / f"shared-cache-{label.replace(' ', '-')}"
             config = job_config(work / f"{label.replace(' ', '-')}.yaml", f"s3://{BUCKET}/data/toks", cache,
                                 args.seq, dp, args.mbs, storage=storage)
@@ -135,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
                       f"for {n['served'] / 1e6:.1f} MB read: {n['fetched'] / n['served']:.3f}; {n['requests']} "
                       f"ranged GETs; {n['samples_per_s']:,.1f} samples/s; {n['wrong_files']} files differ from the "
                       "local mount")
-        two, one = results["two nodes"], results["one node"]
-        print(f"two nodes / one node, samples/s: {two['samples_per_s'] / one['samples_per_s']:.2f}x")
+        two = results[label_n]
+        if "one node" in results:
+            print(f"{args.nodes} nodes / one node, samples/s: "
+                  f"{two['samples_per_s'] / results['one node']['samples_per_s']:.2f}x")
         builds = sum(two[n]["indices"][1] for n in ranks)
-        print(f"indices built by the two nodes together: {builds} of {two['a']['indices'][0]} (each once)")
+        print(f"indices built by the {args.nodes} nodes together: {builds} of {two['a']['indices'][0]} (each once)")
     return 0
 
 
