@@ -22,7 +22,8 @@ from mount_fixtures import mounted, wait_gone
 DP, MBS, SEQ = 4, 2, 1024
 RANKS = {"a": [0, 1], "b": [2, 3]}  # node -> its data-parallel ranks
 # micro-batches each rank reads: 120 x 2 x 1025 tokens x 2 bytes, 492 KB a rank; what
-# each window fetches ahead past the last read (prefetch, 32 KiB a rank) stays in 1.2
+# each window fetches ahead past the last read stays in 1.2 with the default prefetch
+# (64 MiB): a window holds at most a tenth of what its reader read (mount/prefetch.py)
 FILES = 120
 
 
@@ -56,8 +57,7 @@ def test_two_nodes_fetch_only_their_ranks_share_one_build_and_read_the_local_byt
     server, prefix = bucket
     use_test_credentials(monkeypatch)
     (tmp_path / "shared-cache").mkdir()
-    config = job_config(tmp_path / "job.yaml", f"s3://{BUCKET}/data/toks", tmp_path / "shared-cache", SEQ, DP, MBS,
-                        storage={"prefetch": "32KiB"})
+    config = job_config(tmp_path / "job.yaml", f"s3://{BUCKET}/data/toks", tmp_path / "shared-cache", SEQ, DP, MBS)
     local = job_config(tmp_path / "local.yaml", str(prefix), tmp_path / "local-cache", SEQ, DP, MBS)
     lock_path = _train_lock(config, server, tmp_path)
     nodes = {name: Node(name, FaultProxy(server.port), tmp_path / f"node-{name}") for name in RANKS}

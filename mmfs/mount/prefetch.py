@@ -14,7 +14,9 @@ has not finished while the view has fewer fetches waiting or running than its
 share of the slots (the limit over the views fetching; with its share busy, the
 store is what the reader waits for, and a wider window would only fetch further
 ahead): it grows until it hides the store's latency at the reader's pace, and no
-further, so what is fetched and never read when a reader stops stays small. (The
+further, and never past a tenth of what its reader has read so far (AHEAD_OF_READ;
+twice its first size at the start), so what is fetched and never read when a reader
+stops stays within a tenth of what it read, on a node of one rank as of eight. (The
 share is each view's own: counted against all the slots, the ranks that came
 first could grow their windows and keep the others' from growing.) A worker
 fetches only what is neither cached nor being fetched, and waits for no other
@@ -68,6 +70,8 @@ class _Window:
     target: int = 0  # bytes to keep ahead: doubled whenever the reader outruns the window
     at: float = 0.0  # when the reader started its last file
     slowness: float = 0.0  # seconds it takes a byte: a running average over its files (0: none yet)
+    read: int = 0  # bytes of the files the reader has passed
+    floor: int = 0  # bytes the window may always hold: twice its first size
 
 
 class _File:
@@ -83,6 +87,10 @@ class _File:
 
 FindView = Callable[[str], "tuple[Any, Any] | None"]  # a view's path -> (registry, view)
 PACE_WEIGHT = 0.1  # of each file in a reader's running pace
+# A window holds at most this share of what its reader has read (or its first two sizes):
+# what a node fetches and its ranks never read (when they stop) stays within a tenth of
+# what they read, however thin each node's slice of the job (issue 43: 2 to 8 nodes).
+AHEAD_OF_READ = 0.1
 
 
 class Prefetcher:
@@ -173,6 +181,7 @@ class Prefetcher:
                 self._piece_done(key, j, state, "skipped")
             w.next, w.ahead = file + 1, 0
             w.target = 2 * registry.size(view, file)
+            w.floor = max(w.floor, 2 * w.target)
             self._sizes = {k: v for k, v in self._sizes.items() if k[0] != key}
             self._done = {k for k in self._done if k[0] != key}
         else:  # the reader moved on: what it passed no longer counts ahead
@@ -183,11 +192,12 @@ class Prefetcher:
                 self._done.discard((key, j))
             if passed:  # (per byte, not bytes a second: a burst of cached files weighs what it took)
                 w.slowness += PACE_WEIGHT * ((now - w.at) / passed - w.slowness)
+                w.read += passed
             if (key, file) not in self._done and self._running[key] < self._share() and self._short(w):
                 w.target = 2 * w.target  # it caught up with a window that was not the limit
             w.next = max(w.next, file + 1)
         w.reading, w.at = file, now
-        w.target = min(max(w.target, 1), self.prefetch)
+        w.target = min(max(w.target, 1), self.prefetch, max(w.floor, int(AHEAD_OF_READ * w.read)))
         ahead = sum(x.ahead for x in self._windows.values())
         share = self.budget // max(1, sum(x.ahead > 0 or x is w for x in self._windows.values()))
         while w.ahead < w.target and w.next < view.count and (ahead < self.budget or w.ahead < share):
