@@ -96,7 +96,7 @@ static int64_t pread_fully(int fd, uint8_t *to, int64_t n, int64_t pos) {
 #define SPAN_GAP (256 << 10) /* regions nearer than this are read in one span */
 #define SPAN_MAX (8 << 20)   /* ... of at most this many bytes (a region longer is read on its own) */
 
-int32_t mmfs_regions_copy(const char *path, const int64_t *identity, int64_t n, const int64_t *offsets,
+int32_t mmfs_regions_copy(const char *path, const uint64_t *identity, int64_t n, const int64_t *offsets,
                           const int64_t *lengths, uint8_t *out, const int64_t *at) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return MMFS_E_IO;
@@ -104,9 +104,9 @@ int32_t mmfs_regions_copy(const char *path, const int64_t *identity, int64_t n, 
     int32_t rc = MMFS_E_IO;
     uint8_t *span = NULL;
     if (fstat(fd, &st) != 0) goto done;
-    int64_t mtime = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-    if (!S_ISREG(st.st_mode) || (identity[0] >= 0 && st.st_size != identity[0]) ||
-        (identity[1] >= 0 && mtime != identity[1]) || (identity[2] >= 0 && (int64_t)st.st_ino != identity[2])) {
+    uint64_t mtime = (uint64_t)((int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec);
+    if (!S_ISREG(st.st_mode) || (identity[0] && ((uint64_t)st.st_size != identity[1] || mtime != identity[2] ||
+                                                 (uint64_t)st.st_ino != identity[3]))) {
         rc = MMFS_E_CHANGED;
         goto done;
     }

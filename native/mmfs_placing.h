@@ -30,12 +30,13 @@ void mmfs_arrays_fill(mmfs_array *const *structs, int64_t n, const int64_t *addr
                       const int64_t *offset, const int64_t *count, const int32_t *dtype);
 
 /* Copy n regions of one file into memory: the file opened once and checked to be the
- * file given (identity[0..2]: size, mtime_ns, inode; -1: not checked), region i
+ * file given (identity[0..3]: known, size, mtime_ns, inode, as mmfs_files_copy takes
+ * a file's; known 0: not checked), region i
  * (lengths[i] bytes from offsets[i]; sorted by offset) to out + at[i]; regions
  * near each other read in one span (a pack of thousands of small arrays is a few
  * reads). 0, or MMFS_E_IO (not opened or read), MMFS_E_CHANGED (not the file given,
  * or shorter than a region), MMFS_E_NOMEM. */
-int32_t mmfs_regions_copy(const char *path, const int64_t *identity, int64_t n, const int64_t *offsets,
+int32_t mmfs_regions_copy(const char *path, const uint64_t *identity, int64_t n, const int64_t *offsets,
                           const int64_t *lengths, uint8_t *out, const int64_t *at);
 
 #endif

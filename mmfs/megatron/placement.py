@@ -194,7 +194,7 @@ class FileArrays:
             heads[rest], got[rest] = _read(t, which[rest], lengths[rest], block, np.ascontiguousarray(at[rest]))
         for rows in _by_file(t, which, packed):
             got[rows] = lib.mmfs_regions_copy(
-                _bytes([t.paths[which[rows[0]]]]), _ptr("int64_t", _identities(t.take(t.identities, which[rows[:1]]))),
+                _bytes([t.paths[which[rows[0]]]]), _ptr("uint64_t", _identities(t.take(t.identities, which[rows[:1]]))),
                 len(rows), _ptr("int64_t", np.ascontiguousarray(t.offsets[which[rows]])),
                 _ptr("int64_t", np.ascontiguousarray(lengths[rows])), _ptr("uint8_t", block),
                 _ptr("int64_t", np.ascontiguousarray(at[rows])))
