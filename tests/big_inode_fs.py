@@ -20,21 +20,20 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from mmfs.mount.libfuse import binding
+
 TOP = (1 << 64) - 1  # the largest inode number stat can give
 
 
-try:
-    import mfusepy as fuse  # fusepy's maintained fork (libfuse 2 and 3), where installed
-except ImportError:
-    import fuse
-
-NS = fuse.__name__ == "mfusepy"  # it takes times in nanoseconds (use_ns); fusepy in float seconds
+# mfusepy, bound to the libfuse mmfs chose: imported any other way first, it would bind
+# libfuse 2 for every mount of the test process after it.
+fuse = binding()
 
 
 class BigInodes(fuse.Operations):
     """The operations: a passthrough of `source`, read-only, with big inode numbers."""
 
-    use_ns = NS
+    use_ns = True  # times in nanoseconds
 
     def __init__(self, source: str) -> None:
         self.source = os.path.realpath(source)
@@ -56,7 +55,7 @@ class BigInodes(fuse.Operations):
         st = os.lstat(self._path(path))
         out = {key: getattr(st, key) for key in ("st_mode", "st_nlink", "st_size", "st_uid", "st_gid")}
         for key in ("atime", "mtime", "ctime"):
-            out[f"st_{key}"] = getattr(st, f"st_{key}_ns") if NS else getattr(st, f"st_{key}")
+            out[f"st_{key}"] = getattr(st, f"st_{key}_ns")
         out["st_ino"] = self._number(st)
         return out
 

@@ -321,7 +321,9 @@ class Daemon(mfusepy.FUSE):
         table = self.operations_table()
         check_table(table)
         log.info("%s", library().describe())
-        log.info("served in C: %s", first_few([v.path for v in self._tree.registry.views]) or "nothing")
+        # The splits' views first: the datasets' own (two a dataset) would fill the line.
+        paths = sorted((v.path for v in self._tree.registry.views), key=lambda p: p.startswith("/datasets/"))
+        log.info("served in C: %s", first_few(paths) or "nothing")
         conn = ConnOptions()
         args = conn.take(["mmfs", *foreground_args, "-o", ",".join(fuse_options(options)), mountpoint])
         if MAJOR == 3:  # the connection options libfuse 3's main leaves to init; its signals
