@@ -16,7 +16,7 @@ import yaml
 from golden_cases import GOLDEN, expected_samples, load_case
 from mmfs.config.blend import MAX_ARGS_FILE
 from mmfs.config.schema import load_config
-from mmfs.tools.megatron.args import split_words
+from mmfs.tools.megatron.words import split_words
 from mount_fixtures import mmfs, mounted
 
 
@@ -132,7 +132,9 @@ LINE = ["--data-path", "data/u16_docs", "--seq-length", "8", "--tokenizer-type",
 
 @pytest.mark.parametrize("args,words", [
     (["--mock-data", "--seq-length", "8"], "--mock-data: mmfs cannot serve it"),
-    (["--data-path", "data/u16_docs", "--seq-length", "8", "--micro-batch-size", "1"], "--tokenizer-type: missing"),
+    # pretrain_gpt.py's default tokenizer type, GPT2BPETokenizer, without its files
+    (["--data-path", "data/u16_docs", "--seq-length", "8", "--micro-batch-size", "1"],
+     "--vocab-file: missing: GPT2BPETokenizer loads it"),
     (["--data-path", "data/u16_docs", "--seq-length", "8", "--tokenizer-type", "TikTokenizer"],
      "--tokenizer-model: missing: TikTokenizer loads it"),
     (["--data-path", "data/u16_docs", "--seq-length", "8", "--tokenizer-type", "BertWordPieceCase"],

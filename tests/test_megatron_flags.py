@@ -100,7 +100,7 @@ def test_a_flag_of_a_batch_field_or_of_loading_is_named_in_a_comment(folder, fla
 def test_flags_that_change_nothing_about_the_data_pass_silently(folder):
     """The silent flags (and a model flag) give the very config the launch line gives alone."""
     _, plain, _ = config(*LINE)
-    for flag in [*sorted(SILENT), "--lr", "--use-gigatoken"]:
+    for flag in [*sorted(SILENT), "--lr", "--fp16"]:
         code, out, err = config(*LINE, flag, *VALUES.get(flag, []))
         assert (code, err, out) == (0, "", plain), flag
 
