@@ -116,10 +116,14 @@ def test_the_encoder_sequence_length_is_the_sequence_length(folder):
 def test_a_warning_of_any_launch_of_a_run_in_phases_is_said(folder):
     common = [*LINE[2:], "--train-samples", "80", "--phase-transition-iterations", "5"]
     common = [w for w in common if w not in ("--train-iters", "10")]
-    code, out, err = config("--data-path", "data/u16_docs", *common, "--next-phase",
+    code, out, err = config("--data-path", "data/u16_docs", *common, "--hybrid-context-parallel", "--next-phase",
                             "--data-path", "data/u16_small", *common, "--hybrid-context-parallel")
     assert code == 0, err
     assert err == f"mmfs: warning: {warned_line('--hybrid-context-parallel')}\n"
+    # in one launch only, the launches' training differs (hybrid_context_parallel): refused
+    code, out, err = config("--data-path", "data/u16_docs", *common, "--next-phase",
+                            "--data-path", "data/u16_small", *common, "--hybrid-context-parallel")
+    assert code == 2 and "launch 1: its training is not launch 0's" in err
 
 
 def test_docs_list_every_refused_warned_and_noted_flag():

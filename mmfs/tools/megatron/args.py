@@ -234,6 +234,8 @@ def to_config(argv: list[str], environ: dict | None = None) -> tuple[dict[str, A
     if "--object-storage-cache-path" in values:  # where megatron-core keeps the .idx of s3:// and msc:// data
         config["storage"] = {"cache_dir": values["--object-storage-cache-path"]}
     config["training"] = training_block(values, environ, comments)
+    if "--hybrid-context-parallel" in noted:  # the mount then withholds train's ranks/ and streams/
+        config["training"]["hybrid_context_parallel"] = True
     checker = FlagChecker()
     if "split" in config:  # the config's own check: printed, it was refused only by mmfs build
         parse_split(config["split"], checker)
