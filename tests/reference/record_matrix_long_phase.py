@@ -30,10 +30,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-import matrix_cases as mc  # noqa: E402
 import record_matrix as rm  # noqa: E402
 from megatron_training import Megatron, load_module, load_samplers  # noqa: E402
 from record_phases import load_megatron  # noqa: E402
+
+import matrix_cases as mc  # noqa: E402
 
 OUT = HERE / "matrix_long_phase.json"
 LONG_PHASES = [{"web": 0.6, "code": 0.4}, "math", "web"]  # the last: a bare prefix, its GPTDataset a whole epoch
