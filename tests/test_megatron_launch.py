@@ -44,7 +44,7 @@ def test_a_flag_with_its_value_after_an_equals_sign_is_checked_too(folder):
 def test_every_flag_mmfs_names_is_megatron_s_or_the_launcher_s():
     """The tables of flags.py hold no flag Megatron's parser (core 0.19.2) does not know,
     except Megatron-LM main's, which flags.py says are main's."""
-    known = megatron_options()
+    known = set(megatron_options())
     main_only = {"--use-varlen-dataset", "--sequence-packing-scheduler"}
     named = set(HONOURED) | set(NOTED) | set(REFUSED) | set(WARNED) | set(SILENT)
     assert named - known - set(LAUNCHER_FLAGS) <= main_only

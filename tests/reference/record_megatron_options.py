@@ -8,7 +8,9 @@ allow_abbrev=False: "unrecognized arguments").
 Needs the megatron-core 0.19.2 wheel (its megatron/training/arguments.py) and torch
 2.13.0 (CPU). The parser is the one parse_args builds (add_megatron_arguments);
 pretrain_gpt.py adds ModelOpt's flags only where nvidia-modelopt is installed (not
-here). Deterministic: the options sorted.
+here). Each option is recorded with its argparse nargs, so that the words a launch
+line holds beyond what its flags take are found as Megatron's parser finds them.
+Deterministic: the options sorted.
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ def main() -> None:
         from megatron.training.arguments import add_megatron_arguments
 
         parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
-    options = sorted({o for action in parser._actions for o in action.option_strings if o.startswith("--")})
-    OUT.write_text(json.dumps({"about": "every option of Megatron-LM's parse_args (record_megatron_options.py)",
-                               "provenance": provenance(), "options": options}, indent=0) + "\n")
+    # each option with the words it takes: argparse's nargs (None: one; "?", "*", "+", or a count)
+    options = {o: action.nargs for action in parser._actions for o in action.option_strings if o.startswith("--")}
+    OUT.write_text(json.dumps({"about": "every option of Megatron-LM's parse_args with its nargs "
+                               "(record_megatron_options.py)", "provenance": provenance(),
+                               "options": dict(sorted(options.items()))}, indent=0) + "\n")
     print(f"wrote {OUT}: {len(options)} options")
 
 

@@ -38,9 +38,10 @@ class MegatronArgsError(MmfsError):
 
 
 @lru_cache(maxsize=1)
-def megatron_options() -> frozenset[str]:
+def megatron_options() -> dict[str, int | str | None]:
+    """{option: its argparse nargs} of Megatron-LM's parser."""
     data = json.loads((Path(__file__).parent / "megatron_options.json").read_text())
-    return frozenset(data["options"])
+    return data["options"]
 
 
 def expand_args(argv: list[str]) -> list[str]:
@@ -77,20 +78,47 @@ def split_words(text: str) -> list[str]:
 
 
 def check_words(argv: list[str], extra: tuple[str, ...] = ()) -> None:
-    """One line, as Megatron's parser, for a flag it does not know (with the nearest
-    it knows), or an entry script other than pretrain_gpt.py."""
+    """One line, as Megatron's parser, for a flag it does not know (with the nearest it
+    knows), a word that no flag takes (argparse's "unrecognized arguments"), or an entry
+    script other than pretrain_gpt.py. Words before the entry script are the
+    launcher's (torchrun's): not Megatron's, not checked."""
+    scripts = [i for i, w in enumerate(argv) if w.endswith(".py") and not w.startswith("-")]
+    for i in scripts:
+        if Path(argv[i]).name != ENTRY_SCRIPT:
+            raise MegatronArgsError(f"{argv[i]}: mmfs reads launch lines of {ENTRY_SCRIPT} (its GPTDataset and "
+                                    "defaults); other entry scripts are not supported")
     known = megatron_options()
-    for word in argv:
-        if word.endswith(".py") and not word.startswith("-"):
-            if Path(word).name != ENTRY_SCRIPT:
-                raise MegatronArgsError(f"{word}: mmfs reads launch lines of {ENTRY_SCRIPT} (its GPTDataset and "
-                                        "defaults); other entry scripts are not supported")
-            continue
+    i = scripts[0] + 1 if scripts else 0
+    while i < len(argv):
+        word = argv[i]
+        i += 1
         if not word.startswith("--"):
-            continue
-        flag = word.partition("=")[0]
-        if flag in known or flag in LAUNCHER_FLAGS or flag in extra:
-            continue
-        near = difflib.get_close_matches(flag, sorted(known), n=1)
-        hint = f" (did you mean {near[0]}?)" if near else ""
-        raise MegatronArgsError(f"{flag}: unrecognized argument: Megatron-LM's parser refuses it{hint}")
+            if Path(word).name == ENTRY_SCRIPT:
+                continue
+            raise MegatronArgsError(f"{word}: unrecognized argument: no flag takes it (Megatron-LM's parser refuses "
+                                    "it; a value that holds spaces is one word: quote it)")
+        flag, eq, _ = word.partition("=")
+        if flag in known:
+            i = _taken(argv, i, known[flag], bool(eq))
+        elif flag in LAUNCHER_FLAGS or flag in extra:
+            i = _taken(argv, i, "*", bool(eq))  # not Megatron's (main's, or the launcher's): its words pass
+        else:
+            near = difflib.get_close_matches(flag, sorted(known), n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise MegatronArgsError(f"{flag}: unrecognized argument: Megatron-LM's parser refuses it{hint}")
+
+
+def _taken(argv: list[str], i: int, nargs: int | str | None, inline: bool) -> int:
+    """Where the words a flag at argv[i - 1] takes end, as argparse takes them."""
+    if inline:
+        return i
+    free = len(argv)
+    for j in range(i, len(argv)):
+        if argv[j].startswith("--"):
+            free = j
+            break
+    if nargs is None or nargs == "?":
+        return min(i + 1, free)
+    if nargs in ("*", "+"):
+        return free
+    return min(i + int(nargs), free)
