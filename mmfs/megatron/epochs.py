@@ -49,6 +49,10 @@ class Member:
     def one_epoch(self) -> int:
         return max(0, (self.tokens - self.extra) // self.sequence_length)
 
+    def epochs(self, samples: int) -> float:
+        """The passes over its documents that `samples` samples read (by tokens)."""
+        return (samples * self.sequence_length + self.extra) / max(1, self.tokens)
+
 
 def split_warnings(split: str, run: int, members: list[Member], weights: list[float] | None,
                    blend_prefix: Callable[[int], np.ndarray] | None, schedule: Any, cyclic: bool) -> list[str]:
@@ -76,7 +80,7 @@ def split_warnings(split: str, run: int, members: list[Member], weights: list[fl
             continue
         out.append(f"{split}: {m.name} is read past its documents {_where(split, first, schedule, cyclic, about)}"
                    f": the run reads {'about ' if about or taken != run and run > EXACT_UP_TO else ''}"
-                   f"{taken:,} of its samples, its documents hold {epoch:,} ({taken / max(epoch, 1):.2f} epochs). "
+                   f"{taken:,} of its samples, its documents hold {epoch:,} ({m.epochs(taken):.2f} epochs). "
                    f"{MEGATRON_GOES_ON}")
     return out
 
