@@ -20,7 +20,7 @@ from mount_fixtures import force_unmount, mmfs
 
 LINE = ["--split", "90,8,2", "--seq-length", "64", "--tokenizer-type", "NullTokenizer", "--vocab-size", "50257",
         "--micro-batch-size", "2", "--global-batch-size", "16", "--eval-interval", "100", "--eval-iters", "10",
-        "--world-size", "8"]
+        "--data-cache-path", "cache", "--world-size", "8"]  # (the cache in the test's folder, not beside the data)
 BLEND = ["--data-path", "0.9", "data/u16_small", "0.1", "data/u16_docs"]
 
 
@@ -99,7 +99,8 @@ def test_one_dataset_read_past_its_documents(folder):
 
 
 def test_a_run_within_its_documents_says_nothing(folder):
-    line = [*LINE[:-3], "1", "--world-size", "8"]  # --eval-iters 1: one evaluation step, 16 test samples
+    line = [*LINE]
+    line[line.index("--eval-iters") + 1] = "1"  # one evaluation step: 16 test samples
     said = _config(folder, "--data-path", "data/u16_docs", *line, "--train-iters", "100")
     assert _lines(said) == []
     built = mmfs("build", "run.yaml", cwd=folder)

@@ -19,7 +19,7 @@ from mount_fixtures import mmfs, mounted
 LINE = ["--data-path", "data/u16_docs", "--split", "90,8,2", "--seq-length", "64", "--tokenizer-type",
         "NullTokenizer", "--vocab-size", "50257", "--micro-batch-size", "2", "--global-batch-size", "16",
         "--train-iters", "50", "--eval-interval", "100", "--eval-iters", "1", "--world-size", "8",
-        "--context-parallel-size", "2"]
+        "--context-parallel-size", "2", "--data-cache-path", "cache"]
 
 
 @pytest.fixture
