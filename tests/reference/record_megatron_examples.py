@@ -16,7 +16,7 @@ after pretrain_gpt.py are the launch line, recorded as the script gives it. Then
 is adapted to this machine, each change recorded: the data and tokenizer
 placeholders become the golden datasets and tokenizers, the run is cut to a few
 iterations (--train-iters 20 or --train-samples 20 x the global batch, --eval-interval
-10, --eval-iters 2), --data-cache-path is `cache`, and the world size (torchrun's
+10, --eval-iters 2), --data-cache-path is `cache` (given or added), and the world size (torchrun's
 --nproc_per_node x --nnodes, as WORLD_SIZE) is raised to twice the tensor x pipeline
 x context parallel size where the script's single node does not hold it, and
 --no-rope-fusion is added where rope is used (Transformer Engine, which the rope
@@ -109,6 +109,9 @@ def adapt(words: list[str]) -> tuple[list[str], int, list[str]]:
     _set(line, "--eval-interval", "10", changes)
     _set(line, "--eval-iters", "2", changes)
     _set(line, "--data-cache-path", "cache", changes)
+    if "--data-cache-path" not in line:  # Megatron's default puts it beside the data: the golden folder here
+        line += ["--data-cache-path", "cache"]
+        changes.append("--data-cache-path cache added")
     shares = [float(x) for x in re.findall(r"[.0-9]+", _value(line, "--split") or "969,30,1")]  # as megatron-core
     if any(0 < x / sum(shares) * DOCUMENTS < 1 for x in shares):  # a split of no document: Megatron hangs
         _set(line, "--split", "98,1,1", changes)
