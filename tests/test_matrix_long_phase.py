@@ -65,3 +65,10 @@ def test_resume_check_in_a_long_last_phase_counts_as_megatron_s_jobs(data, sampl
         answer = json.loads(out.getvalue())
         assert (answer["repeated"], answer["skipped"]) == (want["repeated"], want["skipped"]), key
         assert code == (0 if (want["repeated"], want["skipped"]) == (0, 0) else 1), key
+
+
+def test_the_matrix_says_where_it_came_from():
+    matrix = json.loads((HERE / "reference" / "matrix.json").read_text())
+    p = matrix["provenance"]
+    assert p["megatron-core"] == "0.19.2" and "5be9626709af" in p["megatron_lm"]["core_v0.19.0"]
+    assert "not parse_args" in p["args"]  # said, as it is
