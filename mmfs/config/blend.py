@@ -60,6 +60,8 @@ def parse_split(text: str, checker: Checker) -> list[float]:
         parts = [float(p) for p in re.findall(r"[.0-9]+", text)]
     except ValueError:
         raise checker.fail("split", f"{show(text)} has a part that is not a number") from None
+    if not parts:
+        raise checker.fail("split", f"{text!r} is not a split; write up to three numbers like \"969,30,1\"")
     if len(parts) > 3:
         raise checker.fail("split", f"{text!r} is not a split: {len(parts)} numbers, Megatron asserts at most "
                                     "three; write them like \"969,30,1\"")

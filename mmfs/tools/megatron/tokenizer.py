@@ -86,18 +86,35 @@ def _number(values: dict, flag: str, default: int | None) -> int | None:
         raise TokenizerFlagError(f"{flag}: {values[flag]!r} is not an integer") from None
 
 
-def tokenizer_block(values: dict) -> dict[str, Any]:
+def _bridge_identifiers(kind: str, values: dict, vocab: int | None) -> dict[str, str | None] | None:
+    """What mmfs gave a Megatron-Bridge config before (Bridge builds its tokenizer its own
+    way; not recorded against Bridge's cache names): NullTokenizer's flags as given, and
+    for the other types the config's default identifiers."""
+    if kind != "NullTokenizer":
+        return None
+    ids = {"class": DEFAULT_TOKENIZER_CLASS, "tokenizer_path": None, "vocab_size": str(vocab)}
+    for flag, key in (("--null-tokenizer-eod-id", "eod_id"), ("--null-tokenizer-pad-id", "pad_id")):
+        if flag in values:
+            ids[key] = str(_number(values, flag, None))
+    return ids
+
+
+def tokenizer_block(values: dict, megatron_lm: bool = True) -> dict[str, Any]:
     """The config's tokenizer: block for the launch line (--tokenizer-type given, or
-    the entry script's default put in `values` before)."""
-    kind = values["--tokenizer-type"]
+    the entry script's default put in `values` before). megatron_lm: the identifiers
+    megatron-core's build_tokenizer gives (else a Bridge config's, _bridge_identifiers)."""
+    kind = values.get("--tokenizer-type")
+    if kind is None:
+        raise TokenizerFlagError("--tokenizer-type: missing (Megatron builds no tokenizer without it)")
     vocab = _number(values, "--vocab-size", None)
+    ids_of = identifiers if megatron_lm else _bridge_identifiers
     if kind == "NullTokenizer":
         if vocab is None:
             raise TokenizerFlagError("--vocab-size: missing: NullTokenizer needs it")
         eod = _number(values, "--null-tokenizer-eod-id", vocab - 1)  # NullTokenizer: vocab_size - 1
         pad = _number(values, "--null-tokenizer-pad-id", -1)
         return {"eod": eod, "pad": None if pad == -1 else pad, "vocab_size": vocab,
-                "unique_identifiers": identifiers(kind, values, vocab)}
+                "unique_identifiers": ids_of(kind, values, vocab)}
     if kind not in TOKENIZER_TYPES or kind == BYTE_LEVEL:
         raise TokenizerFlagError(f"--tokenizer-type: {kind}: mmfs knows Megatron's GPT tokenizer types "
                                  f"({', '.join(t for t in TOKENIZER_TYPES if t != BYTE_LEVEL)}); write the "
@@ -128,5 +145,6 @@ def tokenizer_block(values: dict) -> dict[str, Any]:
     if eod is None:
         raise TokenizerFlagError(f"--tokenizer-type: {kind}: the tokenizer has no end-of-document token for "
                                  "Megatron's eod")
-    return {k: v for k, v in block.items() if v is not None} | {
-        "eod": eod, "pad": pad, "unique_identifiers": identifiers(kind, values, vocab)}
+    ids = ids_of(kind, values, vocab)
+    return {k: v for k, v in block.items() if v is not None} | {"eod": eod, "pad": pad} | (
+        {} if ids is None else {"unique_identifiers": ids})
