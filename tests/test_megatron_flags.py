@@ -100,7 +100,7 @@ def test_a_flag_of_a_batch_field_or_of_loading_is_named_in_a_comment(folder, fla
 def test_flags_that_change_nothing_about_the_data_pass_silently(folder):
     """The silent flags (and a model flag) give the very config the launch line gives alone."""
     _, plain, _ = config(*LINE)
-    for flag in [*sorted(SILENT), "--lr", "--use-gigatoken"]:
+    for flag in [*sorted(SILENT), "--lr", "--fp16"]:
         code, out, err = config(*LINE, flag, *VALUES.get(flag, []))
         assert (code, err, out) == (0, "", plain), flag
 
@@ -116,10 +116,14 @@ def test_the_encoder_sequence_length_is_the_sequence_length(folder):
 def test_a_warning_of_any_launch_of_a_run_in_phases_is_said(folder):
     common = [*LINE[2:], "--train-samples", "80", "--phase-transition-iterations", "5"]
     common = [w for w in common if w not in ("--train-iters", "10")]
-    code, out, err = config("--data-path", "data/u16_docs", *common, "--next-phase",
+    code, out, err = config("--data-path", "data/u16_docs", *common, "--hybrid-context-parallel", "--next-phase",
                             "--data-path", "data/u16_small", *common, "--hybrid-context-parallel")
     assert code == 0, err
     assert err == f"mmfs: warning: {warned_line('--hybrid-context-parallel')}\n"
+    # in one launch only, the launches' training differs (hybrid_context_parallel): refused
+    code, out, err = config("--data-path", "data/u16_docs", *common, "--next-phase",
+                            "--data-path", "data/u16_small", *common, "--hybrid-context-parallel")
+    assert code == 2 and "launch 1: its training is not launch 0's" in err
 
 
 def test_docs_list_every_refused_warned_and_noted_flag():

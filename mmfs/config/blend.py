@@ -53,15 +53,18 @@ class Blend:
 
 
 def parse_split(text: str, checker: Checker) -> list[float]:
-    """Megatron's --split: up to three non-negative numbers, normalised."""
-    if not re.fullmatch(r"\s*[0-9.]+(\s*[,/]\s*[0-9.]+){0,2}\s*", text):
-        raise checker.fail(
-            "split", f"{text!r} is not a split; write up to three numbers like \"969,30,1\""
-        )
+    """Megatron's --split: up to three non-negative numbers, normalised. megatron-core's
+    parse_and_normalize_split reads the numbers of the string and nothing else (a
+    launch script's literal quotes, "'99,1,0'", pass), so mmfs does too."""
     try:
         parts = [float(p) for p in re.findall(r"[.0-9]+", text)]
     except ValueError:
         raise checker.fail("split", f"{show(text)} has a part that is not a number") from None
+    if not parts:
+        raise checker.fail("split", f"{text!r} is not a split; write up to three numbers like \"969,30,1\"")
+    if len(parts) > 3:
+        raise checker.fail("split", f"{text!r} is not a split: {len(parts)} numbers, Megatron asserts at most "
+                                    "three; write them like \"969,30,1\"")
     parts += [0.0] * (3 - len(parts))
     if not math.isfinite(sum(parts)):
         raise checker.fail("split", f"{show(text)} has a part too large for a float; "

@@ -25,7 +25,7 @@ SCHEDULE_KEYS = {"rampup_batch_size", "step_batch_size_schedule", "train_samples
 EVAL_KEYS = {"eval_micro_batch_size", "eval_global_batch_size", "valid_dataloader_type"}
 TRAINING_KEYS = {
     "data_parallel_size", "micro_batch_size", "dataloader_type", "data_sharding",
-    "global_batch_size", "train_iters", "eval_interval", "eval_iters",
+    "global_batch_size", "train_iters", "eval_interval", "eval_iters", "hybrid_context_parallel",
 } | SCHEDULE_KEYS | EVAL_KEYS
 DATALOADER_TYPES = ("single", "cyclic")
 # Megatron-Bridge's fine-tuning sampler: whole global batches of randperm(split, seed + epoch),
@@ -54,6 +54,9 @@ class TrainingConfig:
     eval_global_batch_size: int | None = None  # None: Megatron's default (evaluation_batch_size)
     valid_dataloader_type: str | None = None  # None: dataloader_type; Bridge: cyclic
     batch_seed: int = 0  # the config's seed, which the batch sampler reshuffles with (set by load_config)
+    # Megatron's --hybrid-context-parallel: its train iterator (HybridCPDataLoaderWrapper)
+    # re-deals sub-samples between ranks each step, so train's ranks/ and streams/ are not served.
+    hybrid_context_parallel: bool = False
 
     def evaluation_batch_size(self) -> int:
         """The global batch of every evaluation step: eval_global_batch_size, else
@@ -226,8 +229,9 @@ def parse_training(value: Any, checker: Checker) -> TrainingConfig | None:
             if value.get(key) is not None:
                 raise checker.fail(f"training.{key}", "only used with train_iters or train_samples "
                                                       "(to derive the sample counts)")
+    hybrid = checker.boolean(value.get("hybrid_context_parallel", False), "training.hybrid_context_parallel")
     return TrainingConfig(dp, mbs, kind, True if sharding is None else sharding, gbs, train_iters,
-                          eval_interval, eval_iters, **scheduled, **evals)
+                          eval_interval, eval_iters, **scheduled, **evals, hybrid_context_parallel=hybrid)
 
 
 def _parse_eval_keys(value: dict, mbs: int, dp: int, checker: Checker) -> dict[str, Any]:

@@ -186,7 +186,9 @@ def stream_folders(corpus: Any) -> dict[str, Any]:
     (docs/streams.md), each with the split its layouts read: every split's ("valid"),
     and under phase_mode restart each phase's own valid and test ("valid/phases/001"),
     which a relaunch reads from its carried consumed_valid_samples (docs/phases.md)."""
-    folders = {name: split for name, split in corpus.splits.items()}
+    training = corpus.config.training
+    withheld = training is not None and training.hybrid_context_parallel  # train's: not what a rank trains on
+    folders = {name: split for name, split in corpus.splits.items() if not (withheld and name == "train")}
     width = phase_name_width(len(corpus.phase_splits))
     for k, own in enumerate(corpus.phase_splits):
         folders.update({phase_dir(name, k, width).lstrip("/"): split for name, split in own.items()})
@@ -208,8 +210,8 @@ def rank_views(corpus: Any, mtime_ns: int) -> list[View]:
     width = rank_name_width(training.data_parallel_size)
     views = []
     for name, plan in plans.items():
-        if plan.files_per_rank == 0:
-            continue
+        if plan.files_per_rank == 0 or (training.hybrid_context_parallel and name == "train"):
+            continue  # hybrid context parallel: train's ranks are not what a rank trains on (manifest.py)
         plan_c = native_plan(plan, corpus.placer)
         views += [microbatch_view(name, corpus.splits[name], plan, plan_c, rank, width, mtime_ns)
                   for rank in range(training.data_parallel_size)]

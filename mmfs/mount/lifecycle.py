@@ -187,6 +187,7 @@ def open_tree(config: str, options: MountOptions, progress: bool = False, freeze
 
 def mount_command(args: argparse.Namespace) -> int:
     """`mmfs mount CONFIG MOUNTPOINT [-f] [-o OPTIONS] [--log FILE]`."""
+    from mmfs.megatron.epochs import corpus_warnings, say
     from mmfs.mount.fuse import serve
 
     mountpoint = os.path.abspath(args.mountpoint)
@@ -201,6 +202,7 @@ def mount_command(args: argparse.Namespace) -> int:
     if why is not None:
         raise MountError(why)
     tree = open_tree(args.config, options, progress=not quiet, freeze=True)
+    say(corpus_warnings(tree.corpus))  # a run read past its data: said before the daemon goes
     # Someone may have mounted there while the indices were built.
     check_mount_point(mountpoint, allow_nonempty=options.nonempty)
 

@@ -188,6 +188,14 @@ def _dataset(e: Any) -> dict[str, Any]:
     }
 
 
+KEY_NOT_SERVED = "not_served"  # {view: why it is not served for this config}
+HYBRID_CP_WHY = ("training.hybrid_context_parallel (Megatron's --hybrid-context-parallel): Megatron-LM wraps the "
+                 "train iterator in HybridCPDataLoaderWrapper, which re-deals each step's packed sub-samples "
+                 "between the data x context parallel ranks, so what a rank trains on is not what its sampler "
+                 "reads; train/samples and each global batch's samples are still Megatron's, and valid and test "
+                 "are read as without it")
+
+
 def describe_training(training_cfg: Any, split_lengths: dict[str, int], bytes_per_sample: int) -> dict[str, Any]:
     """mmfs.json's `training` section.
 
@@ -217,4 +225,7 @@ def describe_training(training_cfg: Any, split_lengths: dict[str, int], bytes_pe
         out["microbatches_per_iteration"] = training_cfg.global_batch_size // (mbs * dp)
     if training_cfg.schedule is not None:  # iteration -> consumed_samples
         out["batch_schedule"] = training_cfg.schedule.describe()
+    if training_cfg.hybrid_context_parallel:
+        out[KEY_RANKS_PATH].pop("train", None)
+        out[KEY_NOT_SERVED] = {"train/ranks": HYBRID_CP_WHY, "train/streams": HYBRID_CP_WHY}
     return out

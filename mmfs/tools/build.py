@@ -8,6 +8,7 @@ import sys
 from mmfs.errors import ConfigError, FormatError, MmfsError, NativeError, first_few
 from mmfs.megatron.build.check import check_sequences
 from mmfs.megatron.corpus import open_corpus
+from mmfs.megatron.epochs import corpus_warnings, say
 from mmfs.megatron.indices.blend import blend_rounding
 from mmfs.megatron.indices.gpt import gib
 from mmfs.mount.manifest import epochs, manifest, top_level
@@ -20,6 +21,7 @@ def build_command(args) -> int:
     """Build (or load) every index of a config and print what it holds."""
     # Kept to the end: the collector need not walk its objects again (a tenth of a re-open).
     corpus = open_corpus(args.config, progress=not args.quiet, jobs=getattr(args, "jobs", None), freeze=True)
+    say(corpus_warnings(corpus))
     if args.json:
         print(json.dumps(manifest(corpus), indent=2))
         return 0

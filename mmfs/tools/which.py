@@ -71,6 +71,7 @@ from mmfs.mount.contract import (
     stream_name,
     streams_dir,
 )
+from mmfs.mount.manifest import HYBRID_CP_WHY
 from mmfs.storage import StorageError
 from mmfs.storage.file import read_text_file
 from mmfs.text.tokenizer import BYTE_EOD, BYTE_LEVEL, HUGGING_FACE, TokenizerSpec
@@ -161,6 +162,9 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
         **({} if launch is None else {"phases": [launch]}),
         "ranks": [],
     }
+    rerouted = split == "train" and t.hybrid_context_parallel
+    if rerouted:  # the samplers' micro-batches; Megatron re-deals them between ranks (train/ranks/ not served)
+        out["not_what_a_rank_trains_on"] = HYBRID_CP_WHY
     passes: dict = {}  # a resumed job's sampler passes, by consumed_samples
     # a restart launch's loader: the phase's own streams/ (docs/streams.md)
     folder = phase_dir(split, launch["phase"], phase_width).lstrip("/") if launch is not None else None
@@ -199,7 +203,7 @@ def which_in(corpus, iteration: int | None, split: str = "train", rank: int | No
             ids, epoch = found
             batches.append({
                 "microbatch": k, "stream_index": n, "epoch": epoch,
-                "file": _file(split, r, n, plan, ids, launch, phase_width),
+                "file": None if rerouted else _file(split, r, n, plan, ids, launch, phase_width),
                 **({} if stream is None else {"stream_file": stream}),
                 "samples": [_sample(reader, datasets, int(i), decode, phases, launch) for i in ids],
             })
@@ -350,6 +354,9 @@ def _print_text(result: dict[str, Any]) -> None:
                 if "evaluation" in p else ""
             print(f"  {what}read from phase {p['phase']}'s own {result['split']} split by its launch's loader, "
                   f"built at consumed_samples {p['loader_consumed_samples']}")
+    if "not_what_a_rank_trains_on" in result:
+        print(f"each rank's sampler reads the micro-batches below, not what the rank trains on: "
+              f"{result['not_what_a_rank_trains_on']}")
     for r in result["ranks"]:
         for b in r["microbatches"]:
             where = f", epoch {b['epoch']}" if b["epoch"] else ""

@@ -51,9 +51,11 @@ import hashlib
 import itertools
 import json
 import os
+import platform
 import sys
 import tempfile
 import warnings
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +69,13 @@ from record_phases import load_megatron  # noqa: E402
 import matrix_cases as mc  # noqa: E402
 
 OUT = HERE / "matrix.json"
+# How the matrix's Megatron arguments are made (megatron_training.py's configure): not by
+# parse_args, whose megatron.training imports its whole training stack for two versions
+# at once (0.17's calculator beside 0.19's), but as a namespace of the fields its loaders
+# and calculator read, with validate_args' own batch-size statements run on it.
+ARGS_MADE = ("a namespace of the fields Megatron's loaders, samplers and calculator read (megatron_training.py), "
+             "with validate_args' batch-size defaults (its own statements, cut out of arguments.py) and "
+             "update_train_iters run on it; not parse_args")
 STREAM_SAMPLES = 16  # how far a resumed job's micro-batches are recorded from its consumed_samples
 
 
@@ -237,6 +246,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lm", required=True, type=Path)
     parser.add_argument("--lm-0.17", dest="lm017", required=True, type=Path)
+    parser.add_argument("--lm-commit", help="the commit of a `git archive` given as --lm")
+    parser.add_argument("--lm-0.17-commit", dest="lm017_commit", help="the commit of --lm-0.17's archive")
     a = parser.parse_args()
     load_megatron()
     import megatron.core.datasets.utils  # noqa: F401  (the real Split)
@@ -286,6 +297,11 @@ def main() -> None:
     out = {"about": "Megatron's reads in every cell of the reference matrix, recorded by record_matrix.py",
            "megatron_core": "0.19.2", "megatron_lm": "core_v0.19.0 (ramp-up: core_v0.17.0's calculator and loop)",
            "torch_version": torch.__version__,
+           "provenance": {"megatron-core": metadata.version("megatron-core"), "torch": torch.__version__,
+                          "python": platform.python_version(),
+                          "megatron_lm": {"core_v0.19.0": a.lm_commit or "core_v0.19.0",
+                                          "core_v0.17.0": a.lm017_commit or "core_v0.17.0"},
+                          "args": ARGS_MADE},
            "digest": f"sha256 of the sample's tokens and last label as int64, first {DIGITS} hex digits",
            "data": written, "datasets": new.datasets, "cells": cells}
     OUT.write_text(json.dumps(out, separators=(",", ":")) + "\n")

@@ -198,13 +198,13 @@ class PhasedSampler:
 
 def check_phased_resume(spans: list[PhaseSpan], old: Sampling, consumed: int, new: Sampling) -> ResumeReport:
     """resume.check_resume within the phase the job resumes in (its sampler rebuilt at
-    consumed - start on each layout, every pass cut at the phase's end; the last
-    phase's passes whole), ids as the split's."""
+    consumed - start on each layout, every pass cut at the phase's end: the last
+    phase's too, where the job stops at train_iters however long its dataset is),
+    ids as the split's."""
     p = phase_at(spans, consumed)
     for s in (old, new):
         _check_steps(spans, p, consumed if s is new else spans[p].start, s.group)
     span = spans[p]
-    end = None if p == len(spans) - 1 else span.listed
-    report = check_resume(span.length, old, consumed - span.start, new, end)
+    report = check_resume(span.length, old, consumed - span.start, new, span.listed)
     return replace(report, repeated=np.sort(span.split_ids(report.repeated)),
                    skipped=np.sort(span.split_ids(report.skipped)))

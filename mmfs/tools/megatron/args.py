@@ -17,67 +17,48 @@ from __future__ import annotations
 import math
 import os
 import re
-import shlex
 import sys
 from typing import Any
 
 import yaml
 
-from mmfs.config.blend import MAX_ARGS_FILE, parse_data_words, parse_split
+from mmfs.config.blend import parse_data_words, parse_split
 from mmfs.config.checker import Checker
-from mmfs.config.tokenizer import DEFAULT_TOKENIZER_CLASS
 from mmfs.config.training import TRAINING_KEYS, parse_training, with_schedule
-from mmfs.errors import MmfsError
-from mmfs.storage import StorageError
-from mmfs.storage.file import read_text_file
-from mmfs.text.tokenizer import BYTE_LEVEL, TOKENIZER_TYPES, TokenizerSpec, eod_and_pad
+from mmfs.tools.megatron import tokenizer
 from mmfs.tools.megatron.flags import (
     HONOURED,
     NOTED,
     REFUSED,
+    SILENT,
     WARNED,
     refused_line,
     warned_line,
 )
+from mmfs.tools.megatron.words import (
+    ENTRY_DEFAULTS,
+    ENTRY_SCRIPT,
+    MegatronArgsError,
+    check_words,
+    expand_args,
+)
 
-
-class MegatronArgsError(MmfsError):
-    """A Megatron argument mmfs cannot honour, or one Megatron itself refuses."""
+__all__ = ["MegatronArgsError", "expand_args", "print_warnings", "render", "to_config"]
 
 
 WORLD_SIZE_UNKNOWN = ("data_parallel_size: 1 because the launch line gives no world size: add --world-size N "
                       "(or torchrun's --nproc_per_node and --nnodes), or set WORLD_SIZE, and run this again")
 
 
-def expand_args(argv: list[str]) -> list[str]:
-    """The arguments with every @FILE replaced by the words of its lines."""
-    out: list[str] = []
-    for arg in argv:
-        if not arg.startswith("@") or len(arg) == 1:
-            out.append(arg)
-            continue
-        path = arg[1:]
-        try:
-            text = read_text_file(path, MAX_ARGS_FILE, "arguments file")
-        except StorageError as exc:
-            raise MegatronArgsError(f"{exc}: give a launch script's arguments as a text file") from None
-        try:
-            out.extend(split_words(text))
-        except ValueError as exc:
-            raise MegatronArgsError(f"{path}: {exc} (shell quoting as in a launch script)") from None
-    return out
-
-
-def split_words(text: str) -> list[str]:
-    """The words of a launch script's lines, as a POSIX shell splits them."""
-    text = text.replace("\\\n", " ")
-    if not any(c in text for c in "'\"\\#"):  # nothing to unquote: shlex's words, 70 times faster
-        return re.findall(r"[^ \t\r\n]+", text)
-    return shlex.split(text, comments=True)
+# Every flag read: the data flags and the tokenizer's (its identifiers).
+TAKEN = {**HONOURED, **tokenizer.FLAGS}
+# Flags Megatron-LM main knows that the recorded parser may not (flags.py names each).
+MMFS_FLAGS = (*HONOURED, *NOTED, *REFUSED, *WARNED, *SILENT)
 
 
 def parse_args(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     """{flag: value(s)} of the honoured flags, and the noted and warned flags in order."""
+    check_words(argv, MMFS_FLAGS)
     values: dict[str, Any] = {}
     noted: list[str] = []
     i = 0
@@ -88,10 +69,10 @@ def parse_args(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
             raise MegatronArgsError(refused_line(flag))
         if (flag in NOTED or flag in WARNED) and flag not in noted:
             noted.append(flag)
-        if flag not in HONOURED:
+        if flag not in TAKEN:
             i += 1
             continue
-        n = HONOURED[flag]
+        n = TAKEN[flag]
         if eq:
             taken, i = [inline], i + 1
         elif n is None:
@@ -149,49 +130,6 @@ def data_parallel_size(values: dict, environ: dict, comments: list[str]) -> int:
         raise MegatronArgsError(f"--world-size: {world} is not a multiple of tensor x pipeline x context "
                                 f"parallel sizes = {model} (Megatron asserts)")
     return world // model
-
-
-def tokenizer_block(values: dict) -> dict[str, Any]:
-    """eod and pad as megatron-core 0.19's tokenizer of that type gives them, with the
-    identifiers it puts into the cache description."""
-    kind = values.get("--tokenizer-type")
-    if kind is None:
-        raise MegatronArgsError("--tokenizer-type: missing (Megatron builds no tokenizer without it)")
-    if kind == "NullTokenizer":
-        vocab = _int(values, "--vocab-size")
-        if vocab is None:
-            raise MegatronArgsError("--vocab-size: missing: NullTokenizer needs it")
-        eod = _int(values, "--null-tokenizer-eod-id", vocab - 1)  # NullTokenizer: vocab_size - 1
-        pad = _int(values, "--null-tokenizer-pad-id", -1)
-        ids: dict[str, Any] = {"class": DEFAULT_TOKENIZER_CLASS, "tokenizer_path": None, "vocab_size": str(vocab)}
-        if "--null-tokenizer-eod-id" in values:
-            ids["eod_id"] = str(eod)
-        if "--null-tokenizer-pad-id" in values:
-            ids["pad_id"] = str(pad)
-        return {"eod": eod, "pad": None if pad == -1 else pad, "vocab_size": vocab, "unique_identifiers": ids}
-    if kind not in TOKENIZER_TYPES or kind == BYTE_LEVEL:
-        raise MegatronArgsError(f"--tokenizer-type: {kind}: mmfs knows Megatron's preprocessing types "
-                                f"({', '.join(t for t in TOKENIZER_TYPES if t != BYTE_LEVEL)}); write the "
-                                "tokenizer: block (eod, pad) by hand")
-    # The tokenizer itself, as the config names it: eod and pad are read from it once
-    # here, as the config would (writing them saves loading it whenever the config is read).
-    block = {"type": kind, "model": values.get("--tokenizer-model"), "vocab_file": values.get("--vocab-file"),
-             "merge_file": values.get("--merge-file"), "vocab_size": _int(values, "--vocab-size"),
-             "tiktoken_pattern": values.get("--tiktoken-pattern")}
-    spec = TokenizerSpec(kind, block["model"], block["vocab_file"], block["merge_file"], block["vocab_size"],
-                         block["tiktoken_pattern"])
-    for field in spec.missing():
-        flag = "--tokenizer-model" if field == "path" else f"--{field.replace('_', '-')}"
-        raise MegatronArgsError(f"{flag}: missing: {kind} loads it")
-    try:
-        eod, pad = eod_and_pad(spec)
-    except MmfsError as exc:
-        flag = "--vocab-file" if spec.vocab_file else "--tokenizer-model"
-        raise MegatronArgsError(f"{flag}: {exc}") from None
-    if eod is None:
-        raise MegatronArgsError(f"--tokenizer-type: {kind}: the tokenizer has no end-of-document token for "
-                                "Megatron's eod")
-    return {k: v for k, v in block.items() if v is not None} | {"eod": eod, "pad": pad}
 
 
 def _blend_words(values: dict, flag: str) -> list[str] | None:
@@ -284,12 +222,20 @@ def to_config(argv: list[str], environ: dict | None = None) -> tuple[dict[str, A
     config["seed"] = seed(values)
     if "--mid-level-dataset-surplus" in values:
         config["mid_level_dataset_surplus"] = _float(values, "--mid-level-dataset-surplus")
-    config["tokenizer"] = tokenizer_block(values)
+    if "--tokenizer-type" not in values:  # the entry script's default (parse_and_validate_args' args_defaults)
+        values["--tokenizer-type"] = ENTRY_DEFAULTS["--tokenizer-type"]
+        comments.append(f"--tokenizer-type {values['--tokenizer-type']}: {ENTRY_SCRIPT}'s default (not on the line)")
+    try:
+        config["tokenizer"] = tokenizer.tokenizer_block(values)
+    except tokenizer.TokenizerFlagError as exc:
+        raise MegatronArgsError(str(exc)) from None
     if "--data-cache-path" in values:
         config["cache_dir"] = values["--data-cache-path"]
     if "--object-storage-cache-path" in values:  # where megatron-core keeps the .idx of s3:// and msc:// data
         config["storage"] = {"cache_dir": values["--object-storage-cache-path"]}
     config["training"] = training_block(values, environ, comments)
+    if "--hybrid-context-parallel" in noted:  # the mount then withholds train's ranks/ and streams/
+        config["training"]["hybrid_context_parallel"] = True
     checker = FlagChecker()
     if "split" in config:  # the config's own check: printed, it was refused only by mmfs build
         parse_split(config["split"], checker)
@@ -394,7 +340,7 @@ SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 def render(config: dict[str, Any], comments: list[str]) -> str:
-    head = ["# mmfs config from Megatron-LM arguments (mmfs config --from-megatron).",
+    head = [f"# mmfs config from Megatron-LM arguments of {ENTRY_SCRIPT} (mmfs config --from-megatron).",
             "# Paths are as Megatron got them; mmfs reads relative ones from this file's folder,",
             "# so save it in the folder Megatron is launched from (the paths go into cache names)."]
     head += [f"# {c}" for c in comments]

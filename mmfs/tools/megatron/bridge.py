@@ -35,7 +35,8 @@ from mmfs.config.safe_yaml import read_yaml_source, show
 from mmfs.config.schema import MAX_SURPLUS
 from mmfs.config.training import parse_training, with_schedule
 from mmfs.errors import MmfsError
-from mmfs.tools.megatron.args import SAFE_DUMPER, tokenizer_block
+from mmfs.tools.megatron.args import SAFE_DUMPER
+from mmfs.tools.megatron.tokenizer import tokenizer_block
 
 GPT_DATASET = "megatron.bridge.training.config.GPTDatasetConfig"
 TRAIN_STATE = "train_state.pt"  # beside run_config.yaml in every Bridge checkpoint
@@ -291,7 +292,7 @@ def to_config(path: str, overrides: list[str], world_size: int | None = None, dp
     if tok.get("null_tokenizer_pad_id") not in (None, -1):
         values["--null-tokenizer-pad-id"] = str(tok["null_tokenizer_pad_id"])
     try:
-        config["tokenizer"] = tokenizer_block(values)
+        config["tokenizer"] = tokenizer_block(values, megatron_lm=False)
     except MmfsError as exc:  # name Bridge's keys, not Megatron-LM's flags
         text = str(exc)
         for key, flag in TOKENIZER_FLAGS.items():

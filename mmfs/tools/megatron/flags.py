@@ -79,8 +79,10 @@ REFUSED = {
 # trains on: the config is written with this line as a comment and a warning on stderr.
 WARNED = {
     "--hybrid-context-parallel": "Megatron reroutes sub-samples between the data x context parallel ranks at "
-                                 "every step, so ranks/ and streams/ show what each rank's sampler reads, not the "
-                                 "micro-batch it trains on (the samples of each global batch are the same)",
+                                 "every step (HybridCPDataLoaderWrapper, train only), so the config says "
+                                 "training.hybrid_context_parallel and the mount does not serve train/ranks/ nor "
+                                 "train/streams/; mmfs which says its rank answers are the samplers' (the samples "
+                                 "of each global batch are the same)",
     "--sequence-packing-scheduler": "Megatron-LM main's packing scheduler (dp_balanced) re-deals each global "
                                     "batch's samples between the data x context parallel ranks and changes the "
                                     "micro-batches per step, so ranks/, streams/ and which show what each rank's "

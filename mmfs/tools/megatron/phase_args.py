@@ -20,6 +20,7 @@ from mmfs.config.blend import MAX_ARGS_FILE
 from mmfs.storage import StorageError
 from mmfs.storage.file import read_text_file
 from mmfs.tools.megatron.args import MegatronArgsError, expand_args, print_warnings, render, to_config
+from mmfs.tools.megatron.run_check import run_warnings
 
 NEXT_PHASE = "--next-phase"
 TRANSITIONS = "--phase-transition-iterations"
@@ -170,5 +171,7 @@ def config_command(args) -> int:
     argv = args.from_megatron
     config, comments = (to_phased_config if wants_phases(expand_args(argv)) else to_config)(argv)
     print_warnings(comments)
-    sys.stdout.write(render(config, comments))
+    text = render(config, comments)
+    epochs = run_warnings(text)
+    sys.stdout.write(text + "".join(f"# warning: {line}\n" for line in epochs))
     return 0
