@@ -123,9 +123,10 @@ class RecordedArrays(MutableMapping):
         if found is None:
             if name not in self._facts:
                 raise KeyError(name)
-            descr, shape, offset, saved = self._facts[name]
-            found = self._held[name] = CachedArray(self._cache.path(f"{name}.npy"), _dtype(descr), tuple(shape),
-                                                   offset, file=tuple(saved), known_from=self._record)
+            # Where a mount reads it: the config's pack where there is one (its `.npy` is not
+            # opened on a node that mounts from the pack), else its own file.
+            path, offset, dtype, shape, saved, record = self._fact(name)
+            found = self._held[name] = CachedArray(path, dtype, shape, offset, file=saved, known_from=record)
             if len(self._held) == len(self._facts):  # all made: the record's lists need not stay (a mount's memory)
                 self._facts = tuple(self._facts)
         return found
@@ -153,23 +154,23 @@ class RecordedArrays(MutableMapping):
         left to check against a `.npy` header (None)."""
         if self._held or not isinstance(self._facts, dict):
             return None
-        prefix, record, facts = self._cache.path(""), self._record, self._facts
+        return [self._fact(name) for name in names]
+
+    def _fact(self, name: str) -> tuple:
+        """facts() of one array (its facts still held as the record gave them)."""
+        prefix, record = self._cache.path(""), self._record
+        descr, shape, offset, saved = self._facts[name]
         pack = self._resolved.pack
         packed = None if pack is None else pack.table.get(prefix[:-1])
-        out = []
-        for name in names:
-            descr, shape, offset, saved = facts[name]
-            if packed is None:
-                out.append((f"{prefix}{name}.npy", offset, _dtype(descr), tuple(shape), tuple(saved), record))
-                continue
-            found = packed.get(name) if isinstance(packed, dict) else packed
-            if not isinstance(found, list) or len(found) != 5 or found[:2] != [descr, shape] \
-                    or found[3:] != [offset, saved] or type(found[2]) is not int or found[2] < 0 \
-                    or found[2] + math.prod(shape) * _dtype(descr).itemsize > pack.file[0]:
-                raise CachedArray(f"{prefix}{name}.npy", _dtype(descr), tuple(shape), offset, file=tuple(saved),
-                                  known_from=record).lied(f"{pack.path}: holds {found} as {prefix}{name}.npy")
-            out.append((pack.path, found[2], _dtype(descr), tuple(shape), pack.file, None))
-        return out
+        if packed is None:
+            return (f"{prefix}{name}.npy", offset, _dtype(descr), tuple(shape), tuple(saved), record)
+        found = packed.get(name) if isinstance(packed, dict) else packed
+        if not isinstance(found, list) or len(found) != 5 or found[:2] != [descr, shape] \
+                or found[3:] != [offset, saved] or type(found[2]) is not int or found[2] < 0 \
+                or found[2] + math.prod(shape) * _dtype(descr).itemsize > pack.file[0]:
+            raise CachedArray(f"{prefix}{name}.npy", _dtype(descr), tuple(shape), offset, file=tuple(saved),
+                              known_from=record).lied(f"{pack.path}: holds {found} as {prefix}{name}.npy")
+        return (pack.path, found[2], _dtype(descr), tuple(shape), pack.file, None)
 
     def shape_of(self, name: str) -> tuple[int, ...]:
         found = self._held.get(name)
