@@ -196,25 +196,37 @@ int32_t mmfs_file_acquire(int64_t id) {
     return fd;
 }
 
-int mmfs_file_unchanged(int64_t id, int32_t fd) {
-    struct stat st;
-    if (fstat(fd, &st) != 0) return MMFS_E_IO;
-    pthread_mutex_lock(&lock);
-    entry *e = find(id);
-    int same = e && same_entry(e, &st);
-    if (!same) counts.changed++;
-    pthread_mutex_unlock(&lock);
-    return same ? MMFS_OK : MMFS_E_CHANGED;
-}
-
-void mmfs_file_release(int64_t id) {
+/* Give back a descriptor (under the lock); `st`, when given, is the file as it is
+ * now: whether it is still the file registered (MMFS_OK or MMFS_E_CHANGED). */
+static int give_back(int64_t id, const struct stat *st) {
+    int rc = MMFS_OK;
     pthread_mutex_lock(&lock);
     entry *e = id >= 1 && id <= used ? &entries[id - 1] : NULL;
+    if (st && !(e && e->path && same_entry(e, st))) {
+        counts.changed++;
+        rc = MMFS_E_CHANGED;
+    }
     if (e && e->path && e->users > 0 && --e->users == 0) {
         if (e->forgotten) drop(id, e);
         else if (counts.open > counts.limit) close_idle(counts.limit);
     }
     pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+void mmfs_file_release(int64_t id) {
+    give_back(id, NULL);
+}
+
+int mmfs_file_release_unchanged(int64_t id, int32_t fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int saved = errno;
+        give_back(id, NULL);
+        errno = saved;
+        return MMFS_E_IO;
+    }
+    return give_back(id, &st);
 }
 
 /* Read n bytes at pos into to, through short reads; bytes read, or -1. */

@@ -5,7 +5,7 @@
  * Each file is known by an id (> 0, never reused in the process). Its identity
  * (size, mtime, inode), as the indices were made from it, and its change time
  * (ctime) at the first open, are checked at every open and after every read
- * (mmfs_file_unchanged, one fstat): a file replaced or rewritten since, even in
+ * (mmfs_file_release_unchanged, one fstat): a file replaced or rewritten since, even in
  * place while open, gives MMFS_E_CHANGED (the read gets EIO and a log line),
  * never its new bytes. Thread-safe: a descriptor in use by one reader is never
  * closed under it.
@@ -35,12 +35,13 @@ void mmfs_file_forget(int64_t id);
 int32_t mmfs_file_acquire(int64_t id);
 void mmfs_file_release(int64_t id);
 
-/* After a read of descriptor fd of file id: MMFS_OK when the file is still the one
- * registered (its size, mtime, inode and ctime, by fstat), else MMFS_E_CHANGED
- * (counted in `changed`) or MMFS_E_IO (fstat failed). A writer changes the mtime
- * before its bytes, so bytes read before this check found it unchanged are the
- * registered file's: a rewrite in place is refused from the first read after it. */
-int mmfs_file_unchanged(int64_t id, int32_t fd);
+/* mmfs_file_release after a read of descriptor fd of file id, checking first that
+ * the file is still the one registered (its size, mtime, inode and ctime, by one
+ * fstat): MMFS_OK, else MMFS_E_CHANGED (counted in `changed`) or MMFS_E_IO (fstat
+ * failed, errno set). A writer changes the mtime before its bytes, so bytes read
+ * before a check that found the file unchanged are the registered file's: a rewrite
+ * in place is refused from the first read after it, never served. */
+int mmfs_file_release_unchanged(int64_t id, int32_t fd);
 
 /* The path of file id into out (NUL-terminated, cut to capacity); its length,
  * or -1 for an id not known. */

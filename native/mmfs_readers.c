@@ -84,9 +84,12 @@ static int pread_all(int64_t file, uint8_t *to, int64_t n, int64_t pos) {
         n -= got;
         pos += got;
     }
-    if (rc == MMFS_OK && (rc = mmfs_file_unchanged(file, fd)) < 0) /* bytes of a rewrite: refused */
+    if (rc < 0) {
+        mmfs_file_release(file);
+        return rc;
+    }
+    if ((rc = mmfs_file_release_unchanged(file, fd)) < 0) /* bytes of a rewrite: refused */
         fail(rc, file, start, -1, rc == MMFS_E_IO ? errno : 0);
-    mmfs_file_release(file);
     return rc;
 }
 
@@ -190,12 +193,13 @@ static int64_t read_block(const mmfs_array *a, uint8_t *to, int64_t pos) {
     do {
         got = pread(fd, to, BLOCK_SIZE, (off_t)pos);
     } while (got < 0 && errno == EINTR);
-    int64_t rc = got < 0 ? fail(MMFS_E_IO, a->file, pos, -1, errno) : got;
-    int same;
-    if (rc >= 0 && (same = mmfs_file_unchanged(a->file, fd)) < 0) /* bytes of a rewrite: refused */
-        rc = fail(same, a->file, pos, -1, same == MMFS_E_IO ? errno : 0);
-    mmfs_file_release(a->file);
-    return rc;
+    if (got < 0) {
+        int saved = errno;
+        mmfs_file_release(a->file);
+        return fail(MMFS_E_IO, a->file, pos, -1, saved);
+    }
+    int same = mmfs_file_release_unchanged(a->file, fd); /* bytes of a rewrite: refused */
+    return same < 0 ? fail(same, a->file, pos, -1, same == MMFS_E_IO ? errno : 0) : got;
 }
 
 /* n bytes of a's source at pos (within one block) from the block cache. */
