@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,7 +64,24 @@ def read_one(path: str) -> bytes:
         return f.read()
 
 
+# Set when the benchmark was told to stop (a signal: mmfs/tools/bench.py). Its handler
+# raises KeyboardInterrupt too, but where Python cannot raise it (a fork's handlers, a
+# finalizer) it is lost: run_parallel looks here before and after its readers run.
+stopping = threading.Event()
+_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def check_stop() -> None:
+    if stopping.is_set():
+        raise KeyboardInterrupt
+
+
 def _worker(fn: Callable[[Any], int], chunk: Any, start: Any, conn: Any) -> None:
+    # Ctrl-C at a terminal reaches the whole group: the parent ends its readers (no
+    # traceback of each); SIGTERM, as the parent sends it, ends one at once.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)  # (blocked around the fork)
     start.wait()
     t0 = time.perf_counter()
     n = fn(chunk)
@@ -74,23 +93,36 @@ def run_parallel(fn: Callable[[Any], int], chunks: list[Any]) -> float:
     """Run fn(chunk) in one forked process per chunk (one reader too: a fresh
     process, like every other reader), all started together; return the wall
     time from the start signal until the last one finished."""
+    check_stop()
     ctx = mp.get_context("fork")
     start = ctx.Event()
     pipes, procs = [], []
-    for chunk in chunks:
-        recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_worker, args=(fn, chunk, start, send))
-        p.start()
-        pipes.append(recv)
-        procs.append(p)
-    time.sleep(0.05)  # let every worker reach the start line
-    t0 = time.perf_counter()
-    start.set()
-    for r in pipes:
-        r.recv()
-    elapsed = time.perf_counter() - t0
-    for p in procs:
-        p.join()
+    try:
+        for chunk in chunks:
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker, args=(fn, chunk, start, send))
+            # a signal is taken after the fork, where its KeyboardInterrupt can be raised
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+            try:
+                p.start()
+                procs.append(p)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            pipes.append(recv)
+        time.sleep(0.05)  # let every worker reach the start line
+        t0 = time.perf_counter()
+        start.set()
+        for r in pipes:
+            r.recv()
+        elapsed = time.perf_counter() - t0
+        check_stop()
+    except BaseException:  # Ctrl-C, SIGTERM: the readers end here, before their mount is unmounted
+        for p in procs:
+            p.terminate()
+        raise
+    finally:
+        for p in procs:
+            p.join()
     return elapsed
 
 
