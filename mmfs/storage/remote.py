@@ -201,7 +201,7 @@ class RemoteObject:
                 if not self.asks_again or time.monotonic() - started + wait > bound:
                     raise StorageError(
                         f"{self.url}: bytes {offset}..{end}: throttled: the store asked for fewer requests "
-                        f"({last}) for {bound:g} s ({throttled} answers so; {failed} other failures); "
+                        f"({last}) for {bound:g} s ({throttled} such answers; {failed} other failures); "
                         "the store is there: fewer readers, or a store with more request capacity") from None
             except Transient as exc:
                 failed += 1
