@@ -328,8 +328,9 @@ def _stopped_by_signals() -> Iterator[list[int]]:
     def first(signum, frame) -> None:
         if not seen:
             seen.append(signum)
-            harness.stopping.set()  # (where the raise below is lost, the readers' runner stops)
-            raise KeyboardInterrupt
+            harness.stopping.set()
+            if not harness.starting:  # (while readers are started, their runner raises it)
+                raise KeyboardInterrupt
 
     try:
         previous = {s: signal.signal(s, first) for s in (signal.SIGINT, signal.SIGTERM)}

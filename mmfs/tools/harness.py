@@ -65,10 +65,12 @@ def read_one(path: str) -> bytes:
 
 
 # Set when the benchmark was told to stop (a signal: mmfs/tools/bench.py). Its handler
-# raises KeyboardInterrupt too, but where Python cannot raise it (a fork's handlers, a
-# finalizer) it is lost: run_parallel looks here before and after its readers run.
+# raises KeyboardInterrupt too, except while run_parallel starts its readers (`starting`:
+# raised there, in a fork's handlers or between a fork and the note of its child, it
+# would be lost or leave a reader behind): run_parallel looks here once they are started,
+# and after they ran.
 stopping = threading.Event()
-_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+starting = False
 
 
 def check_stop() -> None:
@@ -81,7 +83,6 @@ def _worker(fn: Callable[[Any], int], chunk: Any, start: Any, conn: Any) -> None
     # traceback of each); SIGTERM, as the parent sends it, ends one at once.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)  # (blocked around the fork)
     start.wait()
     t0 = time.perf_counter()
     n = fn(chunk)
@@ -93,22 +94,24 @@ def run_parallel(fn: Callable[[Any], int], chunks: list[Any]) -> float:
     """Run fn(chunk) in one forked process per chunk (one reader too: a fresh
     process, like every other reader), all started together; return the wall
     time from the start signal until the last one finished."""
+    global starting
     check_stop()
     ctx = mp.get_context("fork")
     start = ctx.Event()
     pipes, procs = [], []
     try:
-        for chunk in chunks:
-            recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, args=(fn, chunk, start, send))
-            # a signal is taken after the fork, where its KeyboardInterrupt can be raised
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-            try:
+        starting = True  # (a signal now is raised by check_stop below, every reader noted)
+        try:
+            for chunk in chunks:
+                recv, send = ctx.Pipe(duplex=False)
+                # daemonic: should one be left, the process's exit ends it instead of waiting for it
+                p = ctx.Process(target=_worker, args=(fn, chunk, start, send), daemon=True)
                 p.start()
                 procs.append(p)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-            pipes.append(recv)
+                pipes.append(recv)
+        finally:
+            starting = False
+        check_stop()
         time.sleep(0.05)  # let every worker reach the start line
         t0 = time.perf_counter()
         start.set()
