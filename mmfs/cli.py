@@ -5,6 +5,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -241,7 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mmfs: error: {line.translate(_LINE_BREAKS)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        # A build drops what it staged and its locks before this (Builder._run).
+        # A build drops what it staged and its locks before this (Builder._run); a
+        # second Ctrl-C now would only cut this line short with a traceback.
+        if args.program:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         print(f"mmfs: {args.command} interrupted; nothing half-built was kept in the index cache", file=sys.stderr)
         return 130
     except BrokenPipeError:

@@ -75,8 +75,8 @@ def error_detail(rc: int) -> str:
         return (f"reading {_file_of(e.file)} at byte {e.byte} failed ({why}); the file changed "
                 "since the mount? re-run `mmfs mount` (the data must not change while mounted)")
     if rc == lib.MMFS_E_CHANGED:
-        return (f"{_file_of(e.file)} changed since the mount (its size, modification time or inode is not "
-                "what the indices were made from: replaced or rewritten); re-run `mmfs mount` (the data "
+        return (f"{_file_of(e.file)} changed since the mount (its size, modification time, inode or change "
+                "time is not what the indices were made from: replaced or rewritten); re-run `mmfs mount` (the data "
                 "must not change while mounted)")
     if rc == lib.MMFS_E_BIN_RANGE:
         return (f"sequence {e.seq} ({e.value} tokens) points to byte {e.byte}, beyond the end "

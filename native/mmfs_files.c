@@ -19,6 +19,7 @@ typedef struct {
     char *path;                    /* NULL: forgotten */
     uint64_t size, mtime_ns, inode; /* its identity, when known */
     int32_t known;                  /* 0: taken at the first open */
+    int64_t ctime_ns;               /* its change time at the first open (0: not opened yet) */
     int32_t fd;                    /* -1: closed */
     int32_t users;                 /* reads holding fd now */
     int32_t forgotten;             /* close and drop once the last user is done */
@@ -83,6 +84,16 @@ static int same_file(const struct stat *st, uint64_t size, uint64_t mtime_ns, ui
            (uint64_t)st->st_ino == inode;
 }
 
+static int64_t ctime_of(const struct stat *st) {
+    return (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+}
+
+/* Whether st is the file e was registered as (and first opened as: its change
+ * time then, which a rewrite that puts the old mtime back still moves). */
+static int same_entry(const entry *e, const struct stat *st) {
+    return same_file(st, e->size, e->mtime_ns, e->inode) && (e->ctime_ns == 0 || ctime_of(st) == e->ctime_ns);
+}
+
 /* Open e's file and check that it is still the file registered. */
 static int open_entry(entry *e) {
     /* O_NONBLOCK: a FIFO put in the file's place must not block the open */
@@ -106,11 +117,12 @@ static int open_entry(entry *e) {
         e->inode = (uint64_t)st.st_ino;
         e->known = 1;
     }
-    if (!same_file(&st, e->size, e->mtime_ns, e->inode)) {
+    if (!same_entry(e, &st)) {
         close(fd);
         counts.changed++;
         return MMFS_E_CHANGED;
     }
+    if (e->ctime_ns == 0) e->ctime_ns = ctime_of(&st);
     e->fd = fd;
     return MMFS_OK;
 }
@@ -132,7 +144,7 @@ int64_t mmfs_file_add(const char *path, const uint64_t *identity) {
     }
     int32_t known = identity[0] != 0;
     entries[used] = (entry){copy, known ? identity[1] : 0, known ? identity[2] : 0, known ? identity[3] : 0,
-                            known, -1, 0, 0, 0, 0};
+                            known, 0, -1, 0, 0, 0, 0};
     int64_t id = ++used;
     counts.known++;
     pthread_mutex_unlock(&lock);
@@ -184,14 +196,37 @@ int32_t mmfs_file_acquire(int64_t id) {
     return fd;
 }
 
-void mmfs_file_release(int64_t id) {
+/* Give back a descriptor (under the lock); `st`, when given, is the file as it is
+ * now: whether it is still the file registered (MMFS_OK or MMFS_E_CHANGED). */
+static int give_back(int64_t id, const struct stat *st) {
+    int rc = MMFS_OK;
     pthread_mutex_lock(&lock);
     entry *e = id >= 1 && id <= used ? &entries[id - 1] : NULL;
+    if (st && !(e && e->path && same_entry(e, st))) {
+        counts.changed++;
+        rc = MMFS_E_CHANGED;
+    }
     if (e && e->path && e->users > 0 && --e->users == 0) {
         if (e->forgotten) drop(id, e);
         else if (counts.open > counts.limit) close_idle(counts.limit);
     }
     pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+void mmfs_file_release(int64_t id) {
+    give_back(id, NULL);
+}
+
+int mmfs_file_release_unchanged(int64_t id, int32_t fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int saved = errno;
+        give_back(id, NULL);
+        errno = saved;
+        return MMFS_E_IO;
+    }
+    return give_back(id, &st);
 }
 
 /* Read n bytes at pos into to, through short reads; bytes read, or -1. */

@@ -3,10 +3,12 @@
  * descriptors at most, whatever the blend.
  *
  * Each file is known by an id (> 0, never reused in the process). Its identity
- * (size, mtime, inode), as the indices were made from it, is checked at every
- * open: a file replaced or rewritten since gives MMFS_E_CHANGED (the read gets
- * EIO and a log line), never its new bytes. Thread-safe: a descriptor in use by
- * one reader is never closed under it.
+ * (size, mtime, inode), as the indices were made from it, and its change time
+ * (ctime) at the first open, are checked at every open and after every read
+ * (mmfs_file_release_unchanged, one fstat): a file replaced or rewritten since, even in
+ * place while open, gives MMFS_E_CHANGED (the read gets EIO and a log line),
+ * never its new bytes. Thread-safe: a descriptor in use by one reader is never
+ * closed under it.
  */
 #ifndef MMFS_FILES_H
 #define MMFS_FILES_H
@@ -32,6 +34,14 @@ void mmfs_file_forget(int64_t id);
  * mmfs_file_release. */
 int32_t mmfs_file_acquire(int64_t id);
 void mmfs_file_release(int64_t id);
+
+/* mmfs_file_release after a read of descriptor fd of file id, checking first that
+ * the file is still the one registered (its size, mtime, inode and ctime, by one
+ * fstat): MMFS_OK, else MMFS_E_CHANGED (counted in `changed`) or MMFS_E_IO (fstat
+ * failed, errno set). A writer changes the mtime before its bytes, so bytes read
+ * before a check that found the file unchanged are the registered file's: a rewrite
+ * in place is refused from the first read after it, never served. */
+int mmfs_file_release_unchanged(int64_t id, int32_t fd);
 
 /* The path of file id into out (NUL-terminated, cut to capacity); its length,
  * or -1 for an id not known. */
@@ -62,7 +72,7 @@ typedef struct {
     int64_t limit;    /* the cap on open descriptors */
     int64_t opened;   /* open(2) calls made */
     int64_t closed;   /* descriptors closed to stay under the cap */
-    int64_t changed;  /* opens refused: the file was not the one registered */
+    int64_t changed;  /* opens and reads refused: the file was not the one registered */
 } mmfs_files_counts;
 
 void mmfs_files_counts_get(mmfs_files_counts *out);

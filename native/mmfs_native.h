@@ -34,6 +34,19 @@ typedef struct {
 /* Copy this thread's last error into out. */
 void mmfs_last_error(mmfs_error *out);
 
+/* The readers' block caches (1 MiB each, see mmfs_readers.c): one per thread that
+ * read index entries with pread, given back to a shared pool when the thread ends
+ * (libfuse starts and ends worker threads as load comes and goes), so their number
+ * follows the threads alive at once, never every thread that ever read. */
+typedef struct {
+    int64_t held;    /* held by threads alive now */
+    int64_t pooled;  /* given back by threads that ended, for the next thread */
+    int64_t made;    /* allocated so far (held + pooled + freed) */
+    int64_t freed;   /* freed: the pool was full */
+} mmfs_block_caches;
+
+void mmfs_block_caches_get(mmfs_block_caches *out);
+
 /* Number of samples Megatron's build_sample_idx produces (float32 ceil when
  * the last partial sample is kept, as its C++ does). Negative on bad input. */
 int64_t mmfs_sample_count(int32_t num_epochs, int64_t tokens_per_epoch,

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,11 +66,13 @@ static int64_t load_as_int(const uint8_t *p, int32_t code, int64_t i) {
 
 /* pread exactly n bytes at pos of local file `file`, retrying short reads and
  * EINTR. A file that ends early (it shrank under the reader) is MMFS_E_IO,
- * never a crash; one that is not the file registered, MMFS_E_CHANGED. */
+ * never a crash; one that is not the file registered, at the open or after the
+ * read (a rewrite in place while it is open), MMFS_E_CHANGED. */
 static int pread_all(int64_t file, uint8_t *to, int64_t n, int64_t pos) {
     int fd = mmfs_file_acquire(file);
     if (fd < 0) return fail(fd, file, pos, -1, fd == MMFS_E_IO ? errno : 0);
     int rc = MMFS_OK;
+    int64_t start = pos;
     while (n > 0) {
         ssize_t got = pread(fd, to, (size_t)n, (off_t)pos);
         if (got < 0 && errno == EINTR) continue;
@@ -81,7 +84,12 @@ static int pread_all(int64_t file, uint8_t *to, int64_t n, int64_t pos) {
         n -= got;
         pos += got;
     }
-    mmfs_file_release(file);
+    if (rc < 0) {
+        mmfs_file_release(file);
+        return rc;
+    }
+    if ((rc = mmfs_file_release_unchanged(file, fd)) < 0) /* bytes of a rewrite: refused */
+        fail(rc, file, start, -1, rc == MMFS_E_IO ? errno : 0);
     return rc;
 }
 
@@ -89,9 +97,18 @@ static int pread_all(int64_t file, uint8_t *to, int64_t n, int64_t pos) {
  * the entries a sample needs (its sequences' lengths and pointers, its rows of
  * the indices) are scattered, but the blocks around them are read again and
  * again, and a block in the cache costs no system call. BLOCKS x BLOCK_SIZE
- * bytes per thread (1 MiB), allocated on first use; token reads bypass it. */
+ * bytes per thread (1 MiB), taken on first use; token reads bypass it.
+ *
+ * libfuse's multithreaded loop starts and ends worker threads as load comes
+ * and goes (hundreds over a day): a cache is given back to a pool shared by
+ * all threads when its thread ends (a pthread key's destructor), and the next
+ * thread takes it from there, so the caches number the threads alive at once,
+ * never every thread that ever read. The pool keeps POOLED at most (the rest
+ * is freed). Its blocks stay valid: a key names one array's file for the
+ * process's life (ids are never reused). */
 #define BLOCK_SIZE 16384
 #define BLOCKS 64
+#define POOLED 64
 
 typedef struct {
     int64_t key;      /* block_key() of the array; 0: empty */
@@ -101,6 +118,55 @@ typedef struct {
 } block;
 
 static __thread block *blocks;
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static pthread_key_t pool_key;
+static int pool_key_made;
+static block *pool[POOLED];
+static mmfs_block_caches caches;
+
+/* A thread ends: its cache goes back to the pool (or is freed when the pool is full). */
+static void give_back_cache(void *cache) {
+    blocks = NULL; /* a read later in this thread's exit takes one again (and gives it back) */
+    pthread_mutex_lock(&pool_lock);
+    caches.held--;
+    if (caches.pooled < POOLED) {
+        pool[caches.pooled++] = cache;
+    } else {
+        free(cache);
+        caches.freed++;
+    }
+    pthread_mutex_unlock(&pool_lock);
+}
+
+static void make_pool_key(void) {
+    pool_key_made = pthread_key_create(&pool_key, give_back_cache) == 0;
+}
+
+/* This thread's cache (from the pool, or new), or NULL (no memory, or no key to give it back by). */
+static block *take_cache(void) {
+    pthread_once(&pool_once, make_pool_key);
+    if (!pool_key_made) return NULL; /* it could never be given back: read without a cache */
+    pthread_mutex_lock(&pool_lock);
+    block *cache = caches.pooled > 0 ? pool[--caches.pooled] : NULL;
+    int made = !cache && (cache = calloc(BLOCKS, sizeof(block))) != NULL;
+    caches.made += made;
+    caches.held += cache != NULL;
+    pthread_mutex_unlock(&pool_lock);
+    if (!cache) return NULL;
+    if (pthread_setspecific(pool_key, cache) != 0) {
+        give_back_cache(cache);
+        return NULL;
+    }
+    return cache;
+}
+
+void mmfs_block_caches_get(mmfs_block_caches *out) {
+    pthread_mutex_lock(&pool_lock);
+    *out = caches;
+    pthread_mutex_unlock(&pool_lock);
+}
 
 /* Local files and fetched sources number their `file` apart: the key tells them apart. */
 static int64_t block_key(const mmfs_array *a) {
@@ -127,18 +193,19 @@ static int64_t read_block(const mmfs_array *a, uint8_t *to, int64_t pos) {
     do {
         got = pread(fd, to, BLOCK_SIZE, (off_t)pos);
     } while (got < 0 && errno == EINTR);
-    int64_t rc = got < 0 ? fail(MMFS_E_IO, a->file, pos, -1, errno) : got;
-    mmfs_file_release(a->file);
-    return rc;
+    if (got < 0) {
+        int saved = errno;
+        mmfs_file_release(a->file);
+        return fail(MMFS_E_IO, a->file, pos, -1, saved);
+    }
+    int same = mmfs_file_release_unchanged(a->file, fd); /* bytes of a rewrite: refused */
+    return same < 0 ? fail(same, a->file, pos, -1, same == MMFS_E_IO ? errno : 0) : got;
 }
 
 /* n bytes of a's source at pos (within one block) from the block cache. */
 static int cached_read(const mmfs_array *a, uint8_t *to, int64_t n, int64_t pos) {
     if (a->file <= 0) return source_read(a, to, n, pos);
-    if (!blocks) {
-        blocks = calloc(BLOCKS, sizeof(block));
-        if (!blocks) return source_read(a, to, n, pos);
-    }
+    if (!blocks && !(blocks = take_cache())) return source_read(a, to, n, pos);
     int64_t number = pos / BLOCK_SIZE, at = pos - number * BLOCK_SIZE, key = block_key(a);
     block *b = &blocks[(uint64_t)(number * 31 + key) % BLOCKS];
     if (b->key != key || b->number != number) {

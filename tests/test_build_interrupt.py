@@ -70,6 +70,68 @@ def test_ctrl_c_while_a_build_waits_is_one_line_exit_130_and_leaves_no_lock_of_i
         holder.wait()
     assert build.returncode == 130
     lines = err.strip().splitlines()
-    assert lines[-1] == "mmfs: build interrupted; nothing half-built was kept in the index cache"
+    assert lines[-1] == "mmfs: build interrupted; nothing half-built was kept in the index cache", err
     assert "Traceback" not in err
     assert leftovers(tmp_path / "cache") == [os.path.basename(held)]  # the holder's, not the build's
+
+
+# `mmfs build` whose GPTDataset indices take as long as the test says: "forever" (a C
+# builder that never returns: Ctrl-C must not wait for it), or "until-stopped" (it
+# returns once the build was given up, and its thread goes on to write what it built:
+# the files a slow index wrote after Ctrl-C were left behind, 1.2 GB of them).
+SLOW_BUILD = """
+import sys, threading
+from mmfs.megatron.build import builder
+from mmfs.cli import main
+
+mode, sys.argv = sys.argv[1], ["mmfs", *sys.argv[2:]]
+made, real_init, real_build = [], builder.Builder.__init__, builder.build_gpt_indices
+
+def init(self, *args, **kwargs):
+    real_init(self, *args, **kwargs)
+    made.append(self)
+
+def build(*args, **kwargs):
+    sys.stderr.write("an index begun\\n")  # one write: two threads' lines never mixed
+    sys.stderr.flush()
+    if mode == "forever":
+        threading.Event().wait()
+    made[-1].stopping.wait()
+    return real_build(*args, **kwargs)
+
+builder.Builder.__init__, builder.build_gpt_indices = init, build
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("signals", [1, 2], ids=["ctrl-c", "ctrl-c-twice"])
+@pytest.mark.parametrize("mode", ["forever", "until-stopped"])
+def test_ctrl_c_ends_a_build_without_waiting_for_its_index_and_leaves_nothing(tmp_path, mode, signals):
+    """Ctrl-C (once, or twice at once) while indices are being built: the build ends
+    though an index never finishes ("forever"), says so in one line, exit 130, no
+    traceback; nothing is left in the cache, also where the index's thread goes on to
+    write what it built after the signal ("until-stopped")."""
+    config = write_tiny_blend(tmp_path, 6)
+    build = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, mode, "-v", "build", config, "-j", "2"],
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    begun = 0
+    for line in build.stderr:  # the event: indices are being built
+        if line.startswith("an index begun"):
+            begun += 1
+            break
+    for _ in range(signals):
+        build.send_signal(signal.SIGINT)
+    try:
+        _, err = build.communicate(timeout=HANG_GUARD)
+    finally:
+        build.kill()
+    assert build.returncode == 130, err
+    assert "Traceback" not in err, err
+    # said once (a line of an index begun before the signal may still come after it)
+    assert err.count("mmfs: build interrupted; nothing half-built was kept in the index cache") == 1, err
+    begun += err.count("an index begun")
+    assert begun <= 2  # no index begun after the signal: the two threads' first, at most
+    cache = tmp_path / "cache"
+    assert leftovers(cache) == []
+    assert not [n for n in os.listdir(cache) if n.endswith(".npy")]

@@ -289,17 +289,17 @@ def test_blocked_blending_index_picks_what_the_full_scan_picks(kind):
 
 
 def test_a_large_blend_is_built_under_claims_of_several_indices(tmp_path, monkeypatch):
-    from mmfs.megatron.build import builder
+    from mmfs.megatron.cache import write
 
     config = write_tiny_blend(tmp_path, 70)  # 140 GPTDatasets and 2 blends: claims of 2
     taken = []
-    real = builder.try_lock
+    real = write.try_lock  # the builder takes its locks through its batch (cache/write.py)
 
     def recording(path):
         taken.append(os.path.basename(path))
         return real(path)
 
-    monkeypatch.setattr(builder, "try_lock", recording)
+    monkeypatch.setattr(write, "try_lock", recording)
     open_corpus(config, progress=False)
     claims = [n for n in taken if n.endswith("-indices.lock")]
     singles = [n for n in taken if not n.endswith("-indices.lock")]

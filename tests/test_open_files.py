@@ -19,6 +19,7 @@ import pytest
 import yaml
 from tiny_blends import write_tiny_blend
 
+from mmfs.errors import NativeError
 from mmfs.megatron import open_corpus
 from mmfs.storage import localfiles
 from mount_fixtures import Mount, mmfs, stop_mount
@@ -266,3 +267,73 @@ def test_running_out_of_descriptors_is_one_line(tmp_path, command):
     assert line == (f"mmfs: error: {config}: too many open files (`ulimit -n` is 256); raise it, e.g. "
                     "`ulimit -n 1024`, and run again")
     assert "Traceback" not in proc.stderr
+
+
+def _rewrite_in_place(path: str, keep_mtime: bool) -> None:
+    """New bytes into the same file: the same size and inode (a writer re-run into the
+    same path); keep_mtime puts the old modification time back, as `cp -p` would."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        new = bytes(255 - b for b in f.read())
+        f.seek(0)
+        f.write(new)
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size) == (st.st_ino, st.st_size)
+    assert (after.st_mtime_ns == st.st_mtime_ns) == keep_mtime
+
+
+@pytest.mark.parametrize("keep_mtime", [False, True], ids=["new-mtime", "old-mtime-put-back"])
+def test_a_file_rewritten_in_place_while_open_is_refused_in_process(tmp_path, keep_mtime):
+    """The token file of a dataset read with pread stays open in the table (a blend of
+    4 datasets, cap 256); rewritten in place, the same size and inode, every read after
+    it fails with "changed since the mount", never its new bytes, also when the writer
+    put the old mtime back (its change time moved)."""
+    config = write_tiny_blend(tmp_path, 4, documents=40)
+    want = open_corpus(config, progress=False).splits["train"]
+    want = {i: want.read(i) for i in range(len(want))}
+    split = open_corpus(config, progress=False, map_limit_mb=0).splits["train"]
+    assert all(split.read(i) == want[i] for i in want)  # every file opened now, and left open
+    before = localfiles.counts()
+    for d in range(4):
+        _rewrite_in_place(str(tmp_path / f"ds{d}.bin"), keep_mtime)
+    for _ in range(2):  # every time, not only the first
+        for i in range(len(want)):
+            with pytest.raises(NativeError, match=r"ds\d\.bin changed since the mount"):
+                split.read(i)
+    after = localfiles.counts()
+    assert after.opened == before.opened  # refused on the descriptors open all along
+    assert after.changed - before.changed >= 2 * len(want)
+
+
+def test_a_file_rewritten_in_place_while_open_is_eio_under_a_mount(tmp_path):
+    """The probe's case: a mount reading with pread (map_limit_mb=0), every file of the
+    blend in its open-files table (4 datasets under the cap of 256); a dataset's token
+    file rewritten in place (same size and inode, new mtime) while open: every read of
+    its samples not read before gets EIO, every time, and the log names the file; the
+    other datasets are served."""
+    config = write_tiny_blend(tmp_path, 4, documents=40)
+    split = open_corpus(config, progress=False).splits["train"]
+    want = {i: split.read(i) for i in range(len(split))}
+    m = mount_limited(config, tmp_path / "mnt", "-o", "map_limit_mb=0")
+    try:
+        samples = m.path / "train" / "samples"
+        owners = {i: _owner(m, "train", i) for i in want}
+        victim = owners[0]
+        assert (samples / f"{0:07d}.bin").read_bytes() == want[0]  # its token file is open now
+        token_file = str(tmp_path / f"{victim}.bin")
+        _rewrite_in_place(token_file, keep_mtime=False)
+        theirs = [i for i in want if owners[i] == victim and i != 0]
+        assert theirs
+        for attempt in range(2):
+            for i in theirs:
+                with pytest.raises(OSError) as caught:
+                    (samples / f"{i:07d}.bin").read_bytes()
+                assert caught.value.errno == errno.EIO, (attempt, i)
+        for i in want:
+            if owners[i] != victim:
+                assert (samples / f"{i:07d}.bin").read_bytes() == want[i]
+        assert f"{os.path.realpath(token_file)} changed since the mount" in m.log.read_text()
+    finally:
+        stop_mount(m)

@@ -9,11 +9,15 @@ of a range, checked against the range asked for, raising Changed, Permanent,
 Transient or Overloaded); `register_backend` then makes its URL scheme openable.
 
 How long a read can wait (docs/object-storage.md, "When the store fails"): a
-request is at most `retries + 1` attempts, each ended at `request_timeout` (the
-whole answer, for s3://), with a backoff of at most BACKOFF_MAX seconds between
-two. A request that used them all on transient failures marks the store down:
-from then on a fetch fails at once, without a request, and one thread asks the
-store for a byte every PROBE_SECONDS until it answers; then fetches go on.
+request is at most `retries + 1` failed attempts, each ended at `request_timeout`
+(the whole answer, for s3://), with a backoff of at most BACKOFF_MAX seconds
+between two. Answers that ask for fewer requests (503 SlowDown, 429) are no
+failure: they are asked again with backoff until (retries + 1) x request_timeout
+has passed (throttle_bound), then the read fails, saying so. A request that used
+its attempts on other transient failures (no connection, time-outs, 5xx errors,
+cut or wrong answers), and was never throttled, marks the store down: from then on
+a fetch fails at once, without a request, and one thread asks the store for a byte
+every PROBE_SECONDS until it answers (a SlowDown is an answer); then fetches go on.
 """
 
 from __future__ import annotations
@@ -69,8 +73,14 @@ class Transient(Exception):
 
 
 class Overloaded(Transient):
-    """The store asked for fewer requests (503 SlowDown, 429) or did not answer in
-    time: worth another try, with fewer requests in flight (inflight.py)."""
+    """The store did not answer in time: worth another try, with fewer requests in
+    flight (inflight.py)."""
+
+
+class Throttled(Overloaded):
+    """The store asked for fewer requests (503 SlowDown, 429, a throttling error code):
+    fewer in flight and a longer backoff, asked again until the request's bound in time,
+    never counted against `retries` nor taken for an outage (the store is there)."""
 
 
 class StoreDown:
@@ -104,6 +114,8 @@ class StoreDown:
             self.probes += 1
             try:
                 obj._get_into(0, memoryview(bytearray(1)))
+            except Throttled:
+                pass  # an answer: the store is there (it asks for fewer requests)
             except Transient:
                 continue
             except (Changed, Permanent):
@@ -156,31 +168,25 @@ class RemoteObject:
         raise NotImplementedError
 
     def fetch(self, offset: int, buffer: memoryview) -> None:
-        """Fill `buffer` with the bytes at `offset`: at most `retries + 1` attempts,
-        with backoff and jitter between them while the failures are transient.
-        Fails at once while the store is down. Each attempt holds a slot of the
-        process's gate for the store (inflight.py) and tells it how it went."""
+        """Fill `buffer` with the bytes at `offset`: at most `retries + 1` attempts
+        that failed, with backoff and jitter between them while the failures are
+        transient; answers that ask for fewer requests (Throttled) are asked again
+        besides, with backoff, until `throttle_bound` seconds have passed since the
+        first attempt. Fails at once while the store is down; marks it down when its
+        attempts failed without a throttling answer among them. Each attempt holds a slot of the process's
+        gate for the store (inflight.py) and tells it how it went."""
         end = offset + len(buffer)
         down = store_down(type(self), self.settings)
         down.check(self.url, offset, end)
         attempts = self.settings.retries + 1 if self.asks_again else 1
+        bound = throttle_bound(self.settings)
         slots = gate(self.settings)
+        failed = throttled = 0
         last = ""
-        for attempt in range(attempts):
-            if attempt:
-                time.sleep(backoff(attempt) * (0.5 + random.random()))
-                down.check(self.url, offset, end)  # another request found it down meanwhile
-                self.retried += 1
-            self.requests += 1
+        started = time.monotonic()
+        while True:
             try:
-                with slots.slot():
-                    cuts, sent = slots.cuts, time.monotonic()
-                    try:
-                        first_byte = self._get_into(offset, buffer)
-                    except Overloaded:
-                        slots.overloaded(cuts)
-                        raise
-                    slots.answered(time.monotonic() - sent if first_byte is None else first_byte)
+                self._one_attempt(slots, offset, buffer)
                 return
             except Changed as exc:  # (its detail: how the store said so, when not by a 412)
                 detail = f"; {exc}" if str(exc) else ""
@@ -188,10 +194,45 @@ class RemoteObject:
                                    f"is no longer {self.etag}{detail}); remount to read the new one") from None
             except Permanent as exc:
                 raise StorageError(f"{self.url}: bytes {offset}..{end}: {exc}") from None
-            except Transient as exc:
+            except Throttled as exc:
+                throttled += 1
                 last = str(exc)
-        down.went_down(self, last)
-        raise StorageError(f"{self.url}: bytes {offset}..{end}: {last} ({attempts} attempts)")
+                wait = backoff(throttled) * (0.5 + random.random())
+                if not self.asks_again or time.monotonic() - started + wait > bound:
+                    raise StorageError(
+                        f"{self.url}: bytes {offset}..{end}: throttled: the store asked for fewer requests "
+                        f"({last}) for {bound:g} s ({throttled} such answers; {failed} other failures); "
+                        "the store is there: fewer readers, or a store with more request capacity") from None
+            except Transient as exc:
+                failed += 1
+                last = str(exc)
+                if failed >= attempts:
+                    break
+                wait = backoff(failed) * (0.5 + random.random())
+            time.sleep(wait)
+            down.check(self.url, offset, end)  # another request found it down meanwhile
+            self.retried += 1
+        if not throttled:  # a store that throttled this request is there, however the rest failed
+            down.went_down(self, last)
+        raise StorageError(f"{self.url}: bytes {offset}..{end}: {last} ({failed} attempts)")
+
+    def _one_attempt(self, slots: Any, offset: int, buffer: memoryview) -> None:
+        """One attempt, holding a slot of the gate, which it tells how it went."""
+        self.requests += 1
+        with slots.slot():
+            cuts, sent = slots.cuts, time.monotonic()
+            try:
+                first_byte = self._get_into(offset, buffer)
+            except Overloaded:
+                slots.overloaded(cuts)
+                raise
+            slots.answered(time.monotonic() - sent if first_byte is None else first_byte)
+
+
+def throttle_bound(settings: StorageSettings) -> float:
+    """Seconds a request is asked again while the store throttles it: what a request of
+    `retries + 1` attempts that time out could wait, so a read waits no longer either way."""
+    return (settings.retries + 1) * settings.request_timeout
 
 
 _RANGES: dict[str, RangeCache] = {}

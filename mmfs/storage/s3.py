@@ -44,7 +44,16 @@ from urllib.parse import parse_qs, urlsplit
 from mmfs.storage.base import NotThere, StorageError, StorageUnavailable
 from mmfs.storage.http import BadAnswer, Endpoint, OtherVersion, Redirect
 from mmfs.storage.redact import shown_url
-from mmfs.storage.remote import Changed, Overloaded, Permanent, RemoteObject, Transient, register_backend, short
+from mmfs.storage.remote import (
+    Changed,
+    Overloaded,
+    Permanent,
+    RemoteObject,
+    Throttled,
+    Transient,
+    register_backend,
+    short,
+)
 from mmfs.storage.settings import StorageSettings, endpoint_problem, environment_endpoint
 
 log = logging.getLogger(__name__)
@@ -306,7 +315,7 @@ class S3Object(RemoteObject):
         if status == 412 or code == "PreconditionFailed":
             raise Changed()
         if status in (429, 503) or code in SLOW_DOWN:
-            raise Overloaded(f"{code} (HTTP {status})")
+            raise Throttled(f"{code} (HTTP {status})")
         if code in EXPIRED:
             raise Permanent(f"{code} (HTTP {status}): the store refused the credentials as expired; they are "
                             f"read again every {RENEW_SECONDS:g} s at most while it does; {RENEW_HINT}")

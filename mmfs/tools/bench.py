@@ -19,13 +19,15 @@ size, os.close), as a data loader does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -51,6 +53,7 @@ from mmfs.mount.contract import (
     sample_dir,
 )
 from mmfs.mount.lifecycle import temporary_mount
+from mmfs.tools import harness
 from mmfs.tools.bench_data import make_data
 from mmfs.tools.harness import (
     MB,
@@ -80,9 +83,13 @@ log = logging.getLogger(__name__)
 def _copy_to_tmpfs(ids: np.ndarray, width: int, read: Callable[[int], bytes], root: str | None) -> str:
     """The bytes of samples `ids` as real files in a new folder on tmpfs."""
     folder = tempfile.mkdtemp(prefix="mmfs-bench-", dir=root)
-    for i in ids:
-        with open(os.path.join(folder, file_name(int(i), width)), "wb") as f:
-            f.write(read(int(i)))
+    try:
+        for i in ids:
+            with open(os.path.join(folder, file_name(int(i), width)), "wb") as f:
+                f.write(read(int(i)))
+    except BaseException:  # a signal (bench_command) or an error: no half-copied folder left
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     return folder
 
 
@@ -117,41 +124,43 @@ def bench_mount(mount: str, n: int, readers: list[int], corpus: Any = None,
             return sum(len(reader.read(int(i))) for i in part)
     megatron_read = None
     megatron_cache = tempfile.mkdtemp(prefix="mmfs-bench-megatron-")
-    if corpus is None:
-        notes.append("in-process baselines need a config (bench a CONFIG.yaml, not a mount)")
-    else:
-        megatron_read = megatron_reader(corpus, split, megatron_cache, notes)
-    shm_root = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    sources = corpus.placer.files() if corpus is not None else []
-    sources += sorted(os.path.join(d, f) for d, _, files in os.walk(megatron_cache) for f in files)
-    if corpus is None:
-        notes.append("the source files are not read through before cold passes (bench a config for that)")
-    for (order, r), ids in plan.items():
-        def tmpfs_method(folder: str) -> Method:
-            return Method("tmpfs files", lambda part: [os.path.join(folder, file_name(int(i), width))
-                                                       for i in part], read_sized)
+    try:  # (also when a signal ends the bench: bench_command)
+        if corpus is None:
+            notes.append("in-process baselines need a config (bench a CONFIG.yaml, not a mount)")
+        else:
+            megatron_read = megatron_reader(corpus, split, megatron_cache, notes)
+        shm_root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        sources = corpus.placer.files() if corpus is not None else []
+        sources += sorted(os.path.join(d, f) for d, _, files in os.walk(megatron_cache) for f in files)
+        if corpus is None:
+            notes.append("the source files are not read through before cold passes (bench a config for that)")
+        for (order, r), ids in plan.items():
+            def tmpfs_method(folder: str) -> Method:
+                return Method("tmpfs files", lambda part: [os.path.join(folder, file_name(int(i), width))
+                                                           for i in part], read_sized)
 
-        methods = [Method("mmfs mount", lambda part: sample_paths(mount, split, width, part), read_sized)]
-        shm = None
-        try:
-            if corpus is not None:
-                # The same bytes as real files on tmpfs, written by the in-process
-                # reader (reading them from the mount would warm it).
-                shm = _copy_to_tmpfs(ids, width, reader.read, shm_root)
-                methods += [tmpfs_method(shm),
-                            Method("mmfs in-process", lambda part: part, inprocess_read),
-                            Method("numpy memmap slice", lambda part: part, memmap_read)]
-                if megatron_read is not None:
-                    methods.append(Method("megatron __getitem__", lambda part: part, megatron_read))
-            rows += interleaved(methods, order, r, ids, sources)
-            if corpus is None:  # copied from the mount, after its passes
-                shm = _copy_to_tmpfs(ids, width, lambda i: read_one(sample_paths(mount, split, width, [i])[0]),
-                                     shm_root)
-                rows += interleaved([tmpfs_method(shm)], order, r, ids)
-        finally:
-            if shm is not None:
-                shutil.rmtree(shm, ignore_errors=True)
-    shutil.rmtree(megatron_cache, ignore_errors=True)
+            methods = [Method("mmfs mount", lambda part: sample_paths(mount, split, width, part), read_sized)]
+            shm = None
+            try:
+                if corpus is not None:
+                    # The same bytes as real files on tmpfs, written by the in-process
+                    # reader (reading them from the mount would warm it).
+                    shm = _copy_to_tmpfs(ids, width, reader.read, shm_root)
+                    methods += [tmpfs_method(shm),
+                                Method("mmfs in-process", lambda part: part, inprocess_read),
+                                Method("numpy memmap slice", lambda part: part, memmap_read)]
+                    if megatron_read is not None:
+                        methods.append(Method("megatron __getitem__", lambda part: part, megatron_read))
+                rows += interleaved(methods, order, r, ids, sources)
+                if corpus is None:  # copied from the mount, after its passes
+                    shm = _copy_to_tmpfs(ids, width, lambda i: read_one(sample_paths(mount, split, width, [i])[0]),
+                                         shm_root)
+                    rows += interleaved([tmpfs_method(shm)], order, r, ids)
+            finally:
+                if shm is not None:
+                    shutil.rmtree(shm, ignore_errors=True)
+    finally:
+        shutil.rmtree(megatron_cache, ignore_errors=True)
     rss_after = daemon_memory(daemon_pid)
     return {
         "mount": mount,
@@ -308,9 +317,49 @@ def run(target: str, n: int, readers: list[int], options: str = "") -> dict[str,
         return bench_mount(mount, n, readers, corpus=corpus, daemon_pid=pid)
 
 
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[list[int]]:
+    """While the block runs, the first SIGINT or SIGTERM raises KeyboardInterrupt (the
+    bench unwinds: its readers are ended, its mount unmounted, its daemon waited for)
+    and is noted in the list yielded; a second is ignored, so that it cannot cut that
+    short. Where this is not the main thread, nothing changes."""
+    seen: list[int] = []
+
+    def first(signum, frame) -> None:
+        if not seen:
+            seen.append(signum)
+            harness.stopping.set()
+            if not harness.starting:  # (while readers are started, their runner raises it)
+                raise KeyboardInterrupt
+
+    try:
+        previous = {s: signal.signal(s, first) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread
+        yield seen
+        return
+    try:
+        yield seen
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def bench_command(args: argparse.Namespace) -> int:
-    """`mmfs bench TARGET [-n N] [--readers 1,2,4] [--json]`."""
+    """`mmfs bench TARGET [-n N] [--readers 1,2,4] [--json]`; SIGINT or SIGTERM ends its
+    readers, its mount and its daemon, says so in one line, exit 130 or 143."""
     single_threaded_libraries()
+    harness.stopping.clear()
+    with _stopped_by_signals() as seen:
+        try:
+            return _bench(args)
+        except KeyboardInterrupt:
+            signum = seen[0] if seen else signal.SIGINT
+            print(f"mmfs: bench stopped ({signal.Signals(signum).name}); its readers, its mount and its "
+                  "daemon ended", file=sys.stderr)
+            return 128 + signum
+
+
+def _bench(args: argparse.Namespace) -> int:
     options = getattr(args, "options", "") or ""
     sizes = _parse_readers(args.microbatches) if getattr(args, "microbatches", None) else []
     if sizes:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,7 +64,25 @@ def read_one(path: str) -> bytes:
         return f.read()
 
 
+# Set when the benchmark was told to stop (a signal: mmfs/tools/bench.py). Its handler
+# raises KeyboardInterrupt too, except while run_parallel starts its readers (`starting`:
+# raised there, in a fork's handlers or between a fork and the note of its child, it
+# would be lost or leave a reader behind): run_parallel looks here once they are started,
+# and after they ran.
+stopping = threading.Event()
+starting = False
+
+
+def check_stop() -> None:
+    if stopping.is_set():
+        raise KeyboardInterrupt
+
+
 def _worker(fn: Callable[[Any], int], chunk: Any, start: Any, conn: Any) -> None:
+    # Ctrl-C at a terminal reaches the whole group: the parent ends its readers (no
+    # traceback of each); SIGTERM, as the parent sends it, ends one at once.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     start.wait()
     t0 = time.perf_counter()
     n = fn(chunk)
@@ -74,23 +94,38 @@ def run_parallel(fn: Callable[[Any], int], chunks: list[Any]) -> float:
     """Run fn(chunk) in one forked process per chunk (one reader too: a fresh
     process, like every other reader), all started together; return the wall
     time from the start signal until the last one finished."""
+    global starting
+    check_stop()
     ctx = mp.get_context("fork")
     start = ctx.Event()
     pipes, procs = [], []
-    for chunk in chunks:
-        recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_worker, args=(fn, chunk, start, send))
-        p.start()
-        pipes.append(recv)
-        procs.append(p)
-    time.sleep(0.05)  # let every worker reach the start line
-    t0 = time.perf_counter()
-    start.set()
-    for r in pipes:
-        r.recv()
-    elapsed = time.perf_counter() - t0
-    for p in procs:
-        p.join()
+    try:
+        starting = True  # (a signal now is raised by check_stop below, every reader noted)
+        try:
+            for chunk in chunks:
+                recv, send = ctx.Pipe(duplex=False)
+                # daemonic: should one be left, the process's exit ends it instead of waiting for it
+                p = ctx.Process(target=_worker, args=(fn, chunk, start, send), daemon=True)
+                p.start()
+                procs.append(p)
+                pipes.append(recv)
+        finally:
+            starting = False
+        check_stop()
+        time.sleep(0.05)  # let every worker reach the start line
+        t0 = time.perf_counter()
+        start.set()
+        for r in pipes:
+            r.recv()
+        elapsed = time.perf_counter() - t0
+        check_stop()
+    except BaseException:  # Ctrl-C, SIGTERM: the readers end here, before their mount is unmounted
+        for p in procs:
+            p.terminate()
+        raise
+    finally:
+        for p in procs:
+            p.join()
     return elapsed
 
 

@@ -9,11 +9,12 @@ ConfigError naming the YAML file and the key instead.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import numpy as np
@@ -25,7 +26,7 @@ from mmfs.megatron.build.descriptions import _Descriptions
 from mmfs.megatron.build.tasks import CLAIM_MAX, _DropInfo, _Progress, _Task, assign_locks, default_jobs
 from mmfs.megatron.cache.headerfile import HEADERS_FROM, HeaderFile
 from mmfs.megatron.cache.index_cache import IndexCache, default_cache_dir
-from mmfs.megatron.cache.locks import try_lock, wait_unlocked
+from mmfs.megatron.cache.locks import wait_unlocked
 from mmfs.megatron.cache.resolved import Resolved
 from mmfs.megatron.cache.write import Batch
 from mmfs.megatron.indices.blend import (
@@ -46,8 +47,43 @@ log = logging.getLogger(__name__)
 gpt_log = logging.getLogger(build_gpt_indices.__module__)
 
 
+class _Abandoned(logging.Filter):
+    """Drops the lines of build threads left running after Ctrl-C: their work is thrown
+    away, and the build said it was interrupted."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(threading.current_thread(), "mmfs_abandoned", False)
+
+
+for _logger in (log, gpt_log, logging.getLogger(_Progress.__module__)):
+    _logger.addFilter(_Abandoned())
+
+
 class BuildStopped(Exception):
     """Raised in a build thread when the build was given up before this index."""
+
+
+@contextlib.contextmanager
+def _interrupted_once():
+    """While the block runs, Ctrl-C raises KeyboardInterrupt once; a second one is
+    ignored, so that it cannot cut short the removal of what the build staged (where
+    this is the main thread; elsewhere signals are the main thread's)."""
+    seen = []
+
+    def once(signum, frame) -> None:
+        if not seen:
+            seen.append(signum)
+            raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGINT, once)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class Builder:
@@ -206,20 +242,46 @@ class Builder:
     # -- obtaining indices ------------------------------------------------------------
 
     def _obtain_all(self, units: list[list[_Task]]) -> list[bool]:
-        """_obtain each claim, in threads when there are jobs for them. When the main
-        thread is interrupted (Ctrl-C) the claims not started never start and each
-        running one stops before its next index, so the build ends within one index's
-        time; the caller then drops what was staged."""
-        if self.jobs <= 1 or len(units) <= 1:
-            return [self._obtain(u) for u in units]
-        pool = ThreadPoolExecutor(min(self.jobs, len(units)), thread_name_prefix="mmfs-build")
+        """_obtain each claim, in threads (`jobs` at most; one at least, so that the
+        main thread only waits, and Ctrl-C reaches it at once). After an error the
+        claims not started never start and each running one stops before its next
+        index; the error is raised once they have. On Ctrl-C the main thread does not
+        wait for them: the index each is building may take many seconds, and its
+        thread (a daemon) ends with the process; the caller abandons the batch, so
+        what such a thread was writing is removed and it writes nothing more."""
+        results: list[bool] = [False] * len(units)
+        errors: list[BaseException] = []
+        left = iter(range(len(units)))
+        take = threading.Lock()
+
+        def work() -> None:
+            while not self.stopping.is_set():
+                with take:
+                    k = next(left, None)
+                if k is None:
+                    return
+                try:
+                    results[k] = self._obtain(units[k])
+                except BaseException as exc:  # noqa: BLE001 - raised in the main thread
+                    errors.append(exc)
+                    self.stopping.set()
+                    return
+
+        threads = [threading.Thread(target=work, name=f"mmfs-build-{k}", daemon=True)
+                   for k in range(max(1, min(self.jobs, len(units))))]
+        for t in threads:
+            t.start()
         try:
-            return list(pool.map(self._obtain, units))
-        except BaseException:
+            for t in threads:
+                t.join()
+        except BaseException:  # Ctrl-C: left to end with the process (see above), unheard
             self.stopping.set()
+            for t in threads:
+                t.mmfs_abandoned = True
             raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if errors:
+            raise next((e for e in errors if not isinstance(e, BuildStopped)), errors[0])
+        return results
 
     def _obtain(self, claim: list[_Task]) -> bool:
         """Build the indices of one claim (tasks under one lock) that the cache does
@@ -231,13 +293,12 @@ class Builder:
                 if folder not in self._folders_made:
                     os.makedirs(folder, exist_ok=True)
                     self._folders_made.add(folder)
-                lock = try_lock(claim[0].lock_path)
+                lock = self.batch.lock(claim[0].lock_path)  # released at the commit, or the abandon
             except OSError:
                 lock = False  # unwritable: build in memory (stage() says why, once)
             if lock is None:
                 return False
             if lock:
-                self.batch.hold(lock)  # released at the commit, or the abandon
                 # finished by another builder meanwhile: load those
                 claim = [t for t in claim if not self._from_cache(t)]
         for task in claim:
@@ -279,38 +340,44 @@ class Builder:
         for header_file, group in header_files if self.trust_header_files else ():
             known.update(header_file.read({t.cache.base: t.specs for t in group}))
         try:
-            # Cache hits first, in this thread: a thread per hit costs more than the hit.
-            pending = [t for t in pending if not self._from_cache(t, known)]
-            while pending:
-                for t in pending:  # every refusal before anything is built
-                    if not t.checked:
-                        t.check()
-                        t.checked = True
-                claims: dict[str, list[_Task]] = {}
-                for t in pending:
-                    claims.setdefault(t.lock_path, []).append(t)
-                units = list(claims.values())
-                done = self._obtain_all(units)
-                self.batch.commit()  # before waiting: never wait while holding locks
-                held = [u for u, ok in zip(units, done) if not ok]
-                for u in held:
-                    log.info("%s: waiting for the builder holding %s", u[0].label, u[0].lock_path)
-                    wait_unlocked(u[0].lock_path)
-                for header_file, group in header_files if held and self.trust_header_files else ():
-                    # written by a builder that is done: what it holds need not be read
-                    known.update(header_file.read({t.cache.base: t.specs for t in group
-                                                   if t.result is None}))
-                pending = [t for u in held for t in u if not self._from_cache(t, known)]
-        except BaseException:
-            self.stopping.set()
-            self.batch.abandon()
-            raise
+            with _interrupted_once():  # (a second Ctrl-C cannot cut the abandon short)
+                try:
+                    self._obtain_pending(pending, header_files, known)
+                except BaseException:
+                    self.stopping.set()
+                    self.batch.abandon()
+                    raise
         finally:
             if quiet:
                 gpt_log.removeFilter(quiet)
         for header_file, group in header_files:
             if any(t.cache.base not in known for t in group):
                 header_file.write([(t.cache, t.result[0]) for t in group])
+
+    def _obtain_pending(self, pending: list[_Task], header_files: list, known: dict) -> None:
+        """_run's work: every task obtained, what was built committed."""
+        # Cache hits first, in this thread: a thread per hit costs more than the hit.
+        pending = [t for t in pending if not self._from_cache(t, known)]
+        while pending:
+            for t in pending:  # every refusal before anything is built
+                if not t.checked:
+                    t.check()
+                    t.checked = True
+            claims: dict[str, list[_Task]] = {}
+            for t in pending:
+                claims.setdefault(t.lock_path, []).append(t)
+            units = list(claims.values())
+            done = self._obtain_all(units)
+            self.batch.commit()  # before waiting: never wait while holding locks
+            held = [u for u, ok in zip(units, done) if not ok]
+            for u in held:
+                log.info("%s: waiting for the builder holding %s", u[0].label, u[0].lock_path)
+                wait_unlocked(u[0].lock_path)
+            for header_file, group in header_files if held and self.trust_header_files else ():
+                # written by a builder that is done: what it holds need not be read
+                known.update(header_file.read({t.cache.base: t.specs for t in group
+                                               if t.result is None}))
+            pending = [t for u in held for t in u if not self._from_cache(t, known)]
 
     @staticmethod
     def _header_files(tasks: list[_Task]) -> list[tuple[HeaderFile, list[_Task]]]:

@@ -132,12 +132,12 @@ class IndexCache:
                 clean_stale_temporaries(self.folder)
             for name, array in arrays.items():
                 final = self.path(f"{name}.npy")
-                written = self._write(final, lambda f, a=array: np.save(f, a), moves)
+                written = self._write(final, lambda f, a=array: np.save(f, a), moves, batch)
                 out[name] = CachedArray(final, array.dtype, array.shape,
                                         written[0] - array.nbytes, file=written)
             self.description_file = self._write(
                 self.path("description.txt"), lambda f: f.write(self.description.encode("utf-8")),
-                moves)
+                moves, batch)
         except OSError as exc:
             for tmp, _ in moves:
                 unlink_quietly(tmp)
@@ -148,10 +148,10 @@ class IndexCache:
         return out
 
     @staticmethod
-    def _write(final: str, write, moves: list) -> FileId:
+    def _write(final: str, write, moves: list, batch: Batch) -> FileId:
         """Write a temporary file to be renamed to `final`; the FileId it will have."""
         tmp = temp_name(os.path.dirname(final), final)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = batch.create(tmp)
         moves.append((tmp, final))
         with os.fdopen(fd, "wb") as f:
             write(f)

@@ -15,7 +15,7 @@ import time
 import uuid
 
 from mmfs.errors import CacheError, descriptors_exhausted
-from mmfs.megatron.cache.locks import HOST, Lock
+from mmfs.megatron.cache.locks import HOST, Lock, try_lock
 from mmfs.processes import pid_alive
 
 log = logging.getLogger(__name__)
@@ -141,25 +141,55 @@ def write_problem(folder: str, exc: OSError) -> str:
            "to a writable folder"
 
 
+class Abandoned(Exception):
+    """A file was to be staged in a batch that was abandoned (the build was given up)."""
+
+
 class Batch:
     """Staged index files waiting for one sync and their renames, and the build
-    locks to release once they are in place (thread-safe)."""
+    locks to release once they are in place (thread-safe). Once abandoned it takes
+    no file: a build thread still running when the build was given up (Ctrl-C does
+    not wait for it) creates nothing, and what it was writing is removed."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._staged: list[tuple[str, str]] = []  # (temporary, final)
+        self._created: list[str] = []  # temporaries created and not yet renamed
+        self._abandoned = False
         self._locks: list[Lock] = []
         self._warned: set[str] = set()
         self._cleaned: set[str] = set()
 
+    def create(self, tmp: str) -> int:
+        """Create temporary file `tmp` (O_EXCL) for writing, unless the batch was
+        abandoned (Abandoned); creating it under the guard, abandon() never misses it."""
+        with self._guard:
+            if self._abandoned:
+                raise Abandoned(tmp)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            self._created.append(tmp)
+        return fd
+
     def add(self, moves: list[tuple[str, str]]) -> None:
         with self._guard:
-            self._staged.extend(moves)
+            if not self._abandoned:
+                self._staged.extend(moves)
+                return
+        for tmp, _ in moves:  # written after the build was given up: removed (again)
+            unlink_quietly(tmp)
+        raise Abandoned(moves[0][0] if moves else "")
 
-    def hold(self, lock: Lock) -> None:
-        """Release `lock` at the commit (or abandon)."""
+    def lock(self, path: str) -> Lock | None:
+        """try_lock(path), the lock then released at the commit (or abandon); None when
+        another builder holds it; Abandoned once the batch was (taken under the guard,
+        abandon() never misses it)."""
         with self._guard:
-            self._locks.append(lock)
+            if self._abandoned:
+                raise Abandoned(path)
+            lock = try_lock(path)
+            if lock:
+                self._locks.append(lock)
+        return lock
 
     def first_write_in(self, folder: str) -> bool:
         with self._guard:
@@ -176,15 +206,17 @@ class Batch:
             return  # the check before the build said why this folder cannot be made
         log.warning("cannot write the index cache: %s. Indices stay in memory.", message)
 
-    def _take(self) -> tuple[list[tuple[str, str]], list[Lock]]:
+    def _take(self, abandon: bool = False) -> tuple[list[tuple[str, str]], list[Lock], list[str]]:
         with self._guard:
             staged, self._staged = self._staged, []
             locks, self._locks = self._locks, []
-        return staged, locks
+            created, self._created = self._created, []
+            self._abandoned = self._abandoned or abandon
+        return staged, locks, created
 
     def commit(self) -> None:
         """Sync once, rename every staged file into place, release the locks."""
-        staged, locks = self._take()
+        staged, locks, _ = self._take()
         try:
             if not staged:
                 return
@@ -207,9 +239,10 @@ class Batch:
                 lock.release()
 
     def abandon(self) -> None:
-        """Drop staged files and release locks (a build that failed)."""
-        staged, locks = self._take()
-        for tmp, _ in staged:
+        """Drop staged files and those being written, release the locks, and take no
+        file from now on (a build that failed or was given up)."""
+        staged, locks, created = self._take(abandon=True)
+        for tmp in {*created, *(tmp for tmp, _ in staged)}:
             unlink_quietly(tmp)
         for lock in locks:
             lock.release()
