@@ -71,4 +71,10 @@ def test_the_matrix_says_where_it_came_from():
     matrix = json.loads((HERE / "reference" / "matrix.json").read_text())
     p = matrix["provenance"]
     assert p["megatron-core"] == "0.19.2" and "5be9626709af" in p["megatron_lm"]["core_v0.19.0"]
-    assert "not parse_args" in p["args"]  # said, as it is
+    assert "parse_args and validate_args" in p["args"]["how"]
+    made = p["args"]["cells"]  # per cell: through parse_args, or (the ramp-up) how else and why
+    assert set(made) == set(matrix["cells"]) and "--rampup-batch-size" in p["args"]["rampup"]
+    assert {made[c] for c in made if "/rampup" in c and "/restart/" not in c} == {"rampup"}
+    assert {made[c] for c in made if "/constant" in c or "/step" in c and "/restart/" not in c} == {"parse_args"}
+    long = json.loads((HERE / "reference" / "matrix_long_phase.json").read_text())["provenance"]
+    assert long["args"] == p["args"]["how"]

@@ -19,6 +19,9 @@ The blend's order is its greedy index (BlendedDataset's build_blending_indices),
 read up to the draw looked for; past EXACT_UP_TO samples into the run the position
 is estimated from the weight (said "about"): `mmfs config` does not build a blend
 index of hundreds of millions of samples to say it, `mmfs build` reads the built one.
+
+A run in phases: its train lines are each phase's (mmfs/megatron/phases/epochs.py),
+its valid and test the top level's splits, said as here.
 """
 
 from __future__ import annotations
@@ -26,32 +29,14 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-MEGATRON_GOES_ON = ("Megatron goes on: its GPTDataset builds as many epochs of the documents as the samples asked "
-                    "need, and the model sees them again")
+from mmfs.megatron.epoch_lines import MEGATRON_GOES_ON, Member, tokens_of, where
+from mmfs.megatron.phases.epochs import corpus_phase_warnings, planned_phase_warnings
+
 EXACT_UP_TO = 16_000_000  # blend positions read (or computed) exactly, at most
-
-
-@dataclass(frozen=True)
-class Member:
-    """One GPTDataset of a split: its name and what one epoch of it holds."""
-
-    name: str
-    tokens: int  # tokens of its documents in the split
-    sequence_length: int
-    extra: int  # the extra token of each sample (0 or 1)
-
-    @property
-    def one_epoch(self) -> int:
-        return max(0, (self.tokens - self.extra) // self.sequence_length)
-
-    def epochs(self, samples: int) -> float:
-        """The passes over its documents that `samples` samples read (by tokens)."""
-        return (samples * self.sequence_length + self.extra) / max(1, self.tokens)
 
 
 def split_warnings(split: str, run: int, members: list[Member], weights: list[float] | None,
@@ -78,42 +63,31 @@ def split_warnings(split: str, run: int, members: list[Member], weights: list[fl
             taken = int(np.count_nonzero(blend_prefix(run) == d)) if run <= EXACT_UP_TO else round(w * run)
         if taken <= epoch:
             continue
-        out.append(f"{split}: {m.name} is read past its documents {_where(split, first, schedule, cyclic, about)}"
+        out.append(f"{split}: {m.name} is read past its documents {where(split, first, schedule, cyclic, about)}"
                    f": the run reads {'about ' if about or taken != run and run > EXACT_UP_TO else ''}"
                    f"{taken:,} of its samples, its documents hold {epoch:,} ({m.epochs(taken):.2f} epochs). "
                    f"{MEGATRON_GOES_ON}")
     return out
 
 
-def _where(split: str, position: int, schedule: Any, cyclic: bool, about: bool) -> str:
-    near = "about " if about else ""
-    if schedule is None:
-        return f"at {near}sample {position:,} of the {split} split"
-    iteration, _ = schedule.iteration_at(position)
-    what = "iteration" if split == "train" else "evaluation step"
-    shuffled = " (in the split's order; the cyclic sampler reads it shuffled)" if cyclic and split == "train" else ""
-    return f"at {what} {near}{iteration:,} (sample {position:,}){shuffled}"
-
-
-def _tokens(dataset: Any, beg: int, end: int) -> int:
-    read = getattr(dataset, "read_sequence_lengths", None)
-    lengths = read() if read else dataset.sequence_lengths
-    return int(np.asarray(lengths[beg:end]).sum(dtype=np.int64))
-
-
-def run_warnings(config: Any, datasets: dict, splits: dict[str, tuple[list, list | None, Any]]) -> list[str]:
+def run_warnings(config: Any, datasets: dict, splits: dict[str, tuple[list, list | None, Any]],
+                 phased: Callable[[Any, bool], list[str]] | None = None) -> list[str]:
     """The lines of every split: splits[name] = ([(spec, params)], weights or None,
-    blend_prefix or None); datasets: {spec.file: opened dataset}."""
-    if config.phases is not None:
-        return []  # a run in phases: each phase's own datasets (`mmfs report` counts their epochs)
+    blend_prefix or None); datasets: {spec.file: opened dataset}; phased(schedule,
+    cyclic): the train lines of a run in phases (mmfs/megatron/phases/epochs.py), whose
+    valid and test are the top level's splits."""
     training = config.training
     cyclic = training is not None and training.dataloader_type == "cyclic"
     out = []
+    if config.phases is not None and phased is not None:
+        out += phased(None if training is None else training.split_schedule("train"), cyclic)
     for split, (gpts, weights, prefix) in splits.items():
+        if split == "train" and config.phases is not None:
+            continue
         run = config.samples.get(split)
         if not run or not gpts:
             continue
-        members = [Member(spec.name, _tokens(datasets[spec.file], p.beg, p.end), p.sequence_length,
+        members = [Member(spec.name, tokens_of(datasets[spec.file], p.beg, p.end), p.sequence_length,
                           int(p.add_extra_token)) for spec, p in gpts]
         schedule = None if training is None else training.split_schedule(split)
         out += split_warnings(split, run, members, weights, prefix, schedule, cyclic)
@@ -122,16 +96,25 @@ def run_warnings(config: Any, datasets: dict, splits: dict[str, tuple[list, list
 
 def corpus_warnings(corpus: Any) -> list[str]:
     """run_warnings of an opened corpus (its blends read from their built indices)."""
+
     splits = {}
     for name, indices in corpus.indices.items():
-        if len(indices) == 0:
+        if len(indices) == 0 or (name == "train" and corpus.config.phases is not None):
             continue
         blend = indices.blend
         prefix = None if blend is None else (lambda n, b=blend: np.asarray(b.dataset_index[:n]))
         weights = None if blend is None else _normalized(blend.weights, [len(g) for g in indices.gpts])
         splits[name] = ([(g.spec, g.params) for g in indices.gpts], weights, prefix)
     by_name = {e.name: e.dataset for e in corpus.datasets}
-    return run_warnings(corpus.config, {s.file: by_name[s.name] for s in corpus.config.all_datasets}, splits)
+    datasets = {s.file: by_name[s.name] for s in corpus.config.all_datasets}
+
+    def phased(schedule: Any, cyclic: bool) -> list[str]:
+        gpts = corpus.indices["train"].gpts
+        members = [Member(g.spec.name, tokens_of(datasets[g.spec.file], g.params.beg, g.params.end),
+                          g.params.sequence_length, int(g.params.add_extra_token)) for g in gpts]
+        return corpus_phase_warnings(corpus, members, schedule, cyclic)
+
+    return run_warnings(corpus.config, datasets, splits, phased)
 
 
 def planned_warnings(config: Any, datasets: dict) -> list[str]:
@@ -141,13 +124,15 @@ def planned_warnings(config: Any, datasets: dict) -> list[str]:
     from mmfs.megatron.indices.blend import build_blending_indices
 
     splits = {}
-    for p in Builder(config, datasets).plan_splits():
+    wanted = ("valid", "test") if config.phases is not None else ("train", "valid", "test")
+    for p in Builder(config, datasets).plan_splits(wanted):
         if p.get("by_length"):
             continue  # weighted by the GPTDatasets' lengths: known once built (`mmfs build` says it)
         weights = p.get("weights") if p.get("blend_task") else None
         prefix = None if weights is None else (lambda n, w=weights: build_blending_indices(w, n)["dataset_index"])
         splits[p["split"]] = (list(zip(p["specs"], p["params"])), weights, prefix)
-    return run_warnings(config, datasets, splits)
+    return run_warnings(config, datasets, splits,
+                        lambda schedule, cyclic: planned_phase_warnings(config, datasets, schedule, cyclic))
 
 
 def _normalized(weights: list | None, lengths: list[int]) -> list[float]:

@@ -81,6 +81,7 @@ class Megatron:
         self._keys: dict[str, str] = {}  # the dataset's unique_description_hash -> key
         self.rank = 0
         self.args = SimpleNamespace()
+        self.parsed: dict[tuple, dict] = {}  # args_key -> vars(args) of Megatron's parse_args/validate_args
         mpu = SimpleNamespace(get_data_parallel_rank=lambda: self.rank,
                               get_data_parallel_world_size=lambda: self.args.data_parallel_size,
                               get_tensor_model_parallel_rank=lambda: 0)
@@ -136,30 +137,25 @@ class Megatron:
     # -- one launch of pretrain(), on one data-parallel rank -----------------------------
 
     def configure(self, sampler: str, schedule: str, dp: int, mbs: int, transitions: list[int] | None) -> None:
-        dataloader_type, sharding = mc.SAMPLERS[sampler]
+        """The args of one launch: Megatron-LM's parse_args and validate_args of the cell's launch
+        line (self.parsed, made by matrix_args.py), then the ramp-up (core_v0.19.0 has no
+        --rampup-batch-size: its value set, and core_v0.17.0's validate_args batch-size statements
+        run on it) and update_train_iters; self.made says how."""
         keys = mc.SCHEDULES[schedule]
-        a = SimpleNamespace(
-            micro_batch_size=mbs, data_parallel_size=dp, global_batch_size=keys.get("global_batch_size"),
-            rampup_batch_size=keys.get("rampup_batch_size"), step_batch_size_schedule=keys.get(
-                "step_batch_size_schedule"), train_samples=mc.TRAIN_SAMPLES, train_iters=None,
-            eval_interval=mc.EVAL_INTERVAL, eval_iters=mc.EVAL_ITERS, full_validation=False, skip_train=False,
-            start_eval_at_iter=None, phase_transition_iterations=transitions, iteration=0,
-            consumed_train_samples=0, consumed_valid_samples=0, perform_rl_step=False,
-            multiple_validation_sets=False, dataloader_type=dataloader_type, data_sharding=sharding,
-            hybrid_context_parallel=False, num_workers=0, exit_signal_handler=False, seq_length=mc.SEQUENCE_LENGTH,
-            seed=mc.SEED, split=mc.SPLIT, data_path=None, rl_use_sequence_packing=False, save=None,
-            gtp_weight_remat_size=1, cuda_graph_impl="none", moe_expert_rank_capacity_factor=None,
-            empty_unused_memory_level=0, decoder_seq_length=None, sft=False, exit_duration_in_mins=None,
-            cuda_graph_scope=[], cuda_graph_warmup_steps=0, reuse_grad_buf_for_mxfp8_param_ag=False,
-            overlap_param_gather=False, vision_pretraining=False, vision_pretraining_type=None,
-        )
-        explicit = a.global_batch_size is not None
-        if "eval_micro_batch_size" in (self.lm / "megatron/training/arguments.py").read_text():
-            a.eval_global_batch_size = a.eval_micro_batch_size = None
+        fields = self.parsed.get(args_key(sampler, schedule, dp, mbs, transitions))
+        if fields is None:
+            raise KeyError(f"no parsed args for {(sampler, schedule, dp, mbs, transitions)}: list it in arg_requests")
+        a = SimpleNamespace(**fields)
+        # the training loop's state (pretrain() sets it from the checkpoint; loaders() per launch)
+        a.iteration, a.consumed_train_samples, a.consumed_valid_samples, a.data_path = 0, 0, 0, None
+        a.rampup_batch_size = keys.get("rampup_batch_size")
         self.args = a
         self.samplers.get_args, self.samplers.mpu = (lambda: self.args), self.mpu  # one module, two versions
-        exec(compile(batch_size_defaults(self.lm), "arguments.py", "exec"),
-             {"args": a, "print_rank_0": lambda *x: None, "is_global_batch_size_explicitly_specified": explicit})
+        if a.rampup_batch_size is not None:
+            if "eval_micro_batch_size" not in (self.lm / "megatron/training/arguments.py").read_text():
+                del a.eval_micro_batch_size, a.eval_global_batch_size  # core_v0.17.0 has neither
+            exec(compile(batch_size_defaults(self.lm), "arguments.py", "exec"),
+                 {"args": a, "print_rank_0": lambda *x: None, "is_global_batch_size_explicitly_specified": True})
         self.init_calculator()
         self.space["update_train_iters"](a)
 
@@ -224,6 +220,11 @@ class Megatron:
         exec(compile(ast.Module(body=[fn], type_ignores=[]), "training.py", "exec"), space)
         space["evaluate"](None, data_iterator, [anything], None, anything)
         return steps
+
+
+def args_key(sampler: str, schedule: str, dp: int, mbs: int, transitions: list[int] | None) -> tuple:
+    """The launch line's key: what its arguments depend on (the data path is set per launch)."""
+    return sampler, "constant" if schedule == "rampup" else schedule, dp, mbs, tuple(transitions or ())
 
 
 def load_module(path: Path, name: str) -> types.ModuleType:

@@ -21,10 +21,14 @@ core_v0.17.0, whose calculator is the last with the ramp-up (0.18+ ignore
   and cyclic_iter, cut out of training.py by name, over data_samplers.py's
   build_pretraining_data_loader (its samplers and a real torch DataLoader) on each
   data-parallel rank;
-- the batch sizes: validate_args' batch defaults, update_train_iters, train()'s
-  per-iteration microbatch update and the calculator of that version (0.17 for the
-  ramp-up, else 0.19); evaluate() itself, its forward_backward_func reading its
-  micro-batches from the data iterator as Megatron's schedules do.
+- the arguments: Megatron-LM core_v0.19.0's parse_args and validate_args of each
+  cell's launch line (matrix_args.py, in a process of its own); the ramp-up, which
+  core_v0.19.0's parser no longer has, set on them with core_v0.17.0's validate_args
+  batch-size statements (the provenance says so per cell);
+- the batch sizes: update_train_iters, train()'s per-iteration microbatch update and
+  the calculator of that version (0.17 for the ramp-up, else 0.19); evaluate() itself,
+  its forward_backward_func reading its micro-batches from the data iterator as
+  Megatron's schedules do.
 
 A run under `restart` is Megatron-LM relaunched at each transition (its checkpoint's
 iteration, consumed_train_samples and consumed_valid_samples carried over, the next
@@ -52,6 +56,7 @@ import itertools
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -63,19 +68,25 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from megatron_training import DIGITS, Megatron, load_module, load_samplers  # noqa: E402
+from matrix_args import cell_line  # noqa: E402
+from megatron_training import DIGITS, Megatron, args_key, load_module, load_samplers  # noqa: E402
 from record_phases import load_megatron  # noqa: E402
 
 import matrix_cases as mc  # noqa: E402
 
 OUT = HERE / "matrix.json"
-# How the matrix's Megatron arguments are made (megatron_training.py's configure): not by
-# parse_args, whose megatron.training imports its whole training stack for two versions
-# at once (0.17's calculator beside 0.19's), but as a namespace of the fields its loaders
-# and calculator read, with validate_args' own batch-size statements run on it.
-ARGS_MADE = ("a namespace of the fields Megatron's loaders, samplers and calculator read (megatron_training.py), "
-             "with validate_args' batch-size defaults (its own statements, cut out of arguments.py) and "
-             "update_train_iters run on it; not parse_args")
+# How the matrix's Megatron arguments are made (matrix_args.py, megatron_training.py's configure)
+ARGS_MADE = ("Megatron-LM core_v0.19.0's parse_args and validate_args (pretrain_gpt.py's args_defaults) of each "
+             "cell's launch line (matrix_args.py's cell_line: --data-path of the launch's phase, --train-samples, "
+             "--global-batch-size or --step-batch-size-schedule, --dataloader-type, --no-data-sharding, "
+             "--phase-transition-iterations, world size = data-parallel size), in a process of its own; then "
+             "the training loop's state (iteration, consumed samples, --data-path per launch) as pretrain() "
+             "sets it, and update_train_iters")
+ARGS_RAMPUP = ("the same parse_args/validate_args of core_v0.19.0 for the line without --rampup-batch-size, "
+               "which core_v0.19.0's parser no longer has (0.18+ dropped the ramp-up); core_v0.17.0's own "
+               "parse_args would import its whole training stack beside 0.19's: rampup_batch_size is set on the "
+               "parsed args, the eval batch sizes (which 0.17 lacks) removed, and core_v0.17.0's validate_args "
+               "batch-size statements (cut out of its arguments.py) run on them")
 STREAM_SAMPLES = 16  # how far a resumed job's micro-batches are recorded from its consumed_samples
 
 
@@ -227,6 +238,30 @@ def continue_datasets(m: Megatron) -> dict[str, str]:
     return out
 
 
+def arg_requests() -> list[tuple]:
+    """(sampler, schedule, dp, mbs, transitions) of every launch line the recorder configures."""
+    out = {("single", "constant", mc.DATA_PARALLEL_SIZE, mc.MICRO_BATCH_SIZE, None)}  # continue_datasets
+    for sampler, mode, schedule in mc.cells():
+        if (mode, schedule) in mc.REFUSED or mode == "continue":
+            continue
+        for dp, mbs in ((mc.DATA_PARALLEL_SIZE, mc.MICRO_BATCH_SIZE), mc.OTHER_LAYOUT):
+            out.add((sampler, schedule, dp, mbs, tuple(mc.PHASE_STARTS) if mode == "restart" else None))
+    return sorted(out, key=repr)
+
+
+def parse_all(lm: Path, data: Path) -> dict[tuple, dict]:
+    """vars(args) of Megatron's parse_args/validate_args for every launch line (matrix_args.py)."""
+    requests = arg_requests()
+    first = mc.data_words(mc.PHASES[0], lambda name: str(data / name))
+    lines = [cell_line(mc.SAMPLERS[s], mc.SCHEDULES[b], dp, mbs, t and list(t), first, mc)
+             for s, b, dp, mbs, t in requests]
+    done = subprocess.run([sys.executable, str(HERE / "matrix_args.py"), str(lm)], check=True, text=True,
+                          input=json.dumps({"lines": lines, "world_sizes": [r[2] for r in requests]}),
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    return {args_key(s, b, dp, mbs, t and list(t)): fields
+            for (s, b, dp, mbs, t), fields in zip(requests, json.loads(done.stdout))}
+
+
 def write_data(folder: Path) -> dict:
     """The generated datasets as megatron-core's IndexedDatasetBuilder writes them."""
     import torch
@@ -259,6 +294,7 @@ def main() -> None:
     calc = {"0.19": load_module(a.lm / "megatron/core/num_microbatches_calculator.py", "calc_019"),
             "0.17": load_module(a.lm017 / "megatron/core/num_microbatches_calculator.py", "calc_017")}
     cells: dict = {}
+    made: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         data.mkdir()
@@ -267,13 +303,16 @@ def main() -> None:
         new = Megatron(a.lm, calc["0.19"], samplers, data, cache)
         old = Megatron(a.lm017, calc["0.17"], samplers, data, cache)
         old.datasets, old._keys = new.datasets, new._keys  # one store of digests
+        new.parsed = old.parsed = parse_all(a.lm, data)
         continued = continue_datasets(new)
         for sampler, mode, schedule in mc.cells():
             name = f"{sampler}/{mode}/{schedule}"
             if (mode, schedule) in mc.REFUSED:
                 cells[name] = {"refused": mc.REFUSED[(mode, schedule)]}
+                made[name] = "not run: Megatron-LM refuses the cell"
                 continue
             m = old if schedule == "rampup" else new
+            made[name] = "rampup" if schedule == "rampup" else "parse_args"
             if mode == "continue":  # Megatron defines its first phase: the no-phases run of the same cell
                 base = cells[f"{sampler}/none/{schedule}"]
                 cells[name] = {"stock": f"{sampler}/none/{schedule}", "train_iters": base["train_iters"],
@@ -301,7 +340,7 @@ def main() -> None:
                           "python": platform.python_version(),
                           "megatron_lm": {"core_v0.19.0": a.lm_commit or "core_v0.19.0",
                                           "core_v0.17.0": a.lm017_commit or "core_v0.17.0"},
-                          "args": ARGS_MADE},
+                          "args": {"how": ARGS_MADE, "rampup": ARGS_RAMPUP, "cells": made}},
            "digest": f"sha256 of the sample's tokens and last label as int64, first {DIGITS} hex digits",
            "data": written, "datasets": new.datasets, "cells": cells}
     OUT.write_text(json.dumps(out, separators=(",", ":")) + "\n")

@@ -62,6 +62,7 @@ def main() -> None:
         data.mkdir()
         written = rm.write_data(data)
         m = Megatron(a.lm, calc, samplers, data, str(Path(tmp) / "cache"))
+        m.parsed = rm.parse_all(a.lm, data)  # Megatron's parse_args/validate_args of each launch line
         for sampler in mc.SAMPLERS:
             cell = rm.run_cell(m, sampler, "restart", "constant")
             lengths = [len(m.datasets[launch["train"]]) for launch in cell["launches"]]
@@ -80,8 +81,7 @@ def main() -> None:
                        "far longer than the phase (record_matrix_long_phase.py)",
               "provenance": {"megatron-core": metadata.version("megatron-core"), "torch": torch.__version__,
                              "python": platform.python_version(), "megatron_lm": commit,
-                             "args": "record_matrix.py's Megatron (megatron_training.py): the arguments its loaders "
-                                     "read, set as validate_args sets them"},
+                             "args": rm.ARGS_MADE},
               "phases": LONG_PHASES, "phase_starts": LONG_STARTS, "data": written, "cells": cells}
     OUT.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     print(f"wrote {OUT}")
