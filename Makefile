@@ -35,7 +35,7 @@ browser:
 # then `make test` adds the extras, and `make test` then `make demo` changes nothing.
 $(CORE): pyproject.toml setup.py native/*.c native/*.h native/*.py mmfs/mount/contract.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip "setuptools>=77" wheel  # pyproject's build requirements (the wheel test builds without isolation)
 	$(PY) -m pip install -q -e .
 	touch $(CORE)
 
