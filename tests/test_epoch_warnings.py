@@ -112,3 +112,8 @@ def test_the_cyclic_sampler_s_line_says_the_order_is_the_split_s(folder):
     line = [x for x in _lines(said) if x.startswith("mmfs: warning: train:")][0]
     assert re.search(r"at iteration [\d,]+ \(sample [\d,]+\) \(in the split's order; the cyclic sampler reads it "
                      r"shuffled\)", line)
+    # valid and test: Megatron-LM's loaders take the run's dataloader_type too
+    for split in ("valid", "test"):
+        line = [x for x in _lines(said) if x.startswith(f"mmfs: warning: {split}:")][0]
+        assert re.search(r"at evaluation step [\d,]+ \(sample [\d,]+\) \(in the split's order; the cyclic sampler "
+                         r"reads it shuffled\)", line), line

@@ -28,14 +28,17 @@ def folder(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _config(folder, mode: str, first: dict, second: dict, sampler: str = "single") -> str:
-    def blend(weights: dict) -> str:
-        return "[" + ", ".join(f"{{path: data/{n}, weight: {w}}}" for n, w in weights.items()) + "]"
+def _config(folder, mode: str, first: dict, second: dict, sampler: str = "single", eval_iters: int = 1,
+            start: int = 100) -> str:
+    def blend(weights: dict) -> str:  # weight None: the dataset alone without one (the bare GPTDataset)
+        return "[" + ", ".join(f"{{path: data/{n}" + ("" if w is None else f", weight: {w}") + "}"
+                               for n, w in weights.items()) + "]"
 
+    training = TRAINING.replace("eval_iters: 1", f"eval_iters: {eval_iters}") % sampler
     (folder / "run.yaml").write_text(
-        f"phases:\n  - datasets: {blend(first)}\n  - start_iteration: 100\n    datasets: {blend(second)}\n"
+        f"phases:\n  - datasets: {blend(first)}\n  - start_iteration: {start}\n    datasets: {blend(second)}\n"
         f"phase_mode: {mode}\nsplit: \"90,8,2\"\nsequence_length: 64\n"
-        "tokenizer: {eod: 0, pad: null, vocab_size: 50257}\ncache_dir: cache\n" + TRAINING % sampler + "\n")
+        "tokenizer: {eod: 0, pad: null, vocab_size: 50257}\ncache_dir: cache\n" + training + "\n")
     return "run.yaml"
 
 
@@ -52,7 +55,10 @@ def _built(folder):
 def _past(corpus, g: int) -> int | None:
     """The first sample of GPTDataset g (of the run's train split) whose tokens end past
     its documents' tokens, from its document and sample indices (None: none does)."""
-    gpt = corpus.indices["train"].gpts[g]
+    return _past_of(corpus, corpus.indices["train"].gpts[g])
+
+
+def _past_of(corpus, gpt) -> int | None:
     lengths = np.asarray([e.dataset for e in corpus.datasets if e.name == gpt.spec.name][0].sequence_lengths)
     cum = np.concatenate([[0], np.cumsum(lengths[np.asarray(gpt.document_index)], dtype=np.int64)])
     rows = np.asarray(gpt.sample_index)
@@ -170,3 +176,109 @@ def test_config_from_megatron_s_phases_say_it_as_build_does(folder):
     assert [x for x in lines if x.startswith("train: phases[0]: u16_small is read past its documents")]
     assert [x for x in lines if x.startswith("train: phases[1]: u16_small is read past its documents")]
     assert all(f"# warning: {x}" in done.stdout for x in lines)  # and in the config it writes
+
+
+def _launch_reads(corpus, split: str) -> list[tuple[int, int]]:
+    """Per launch of a restart run, the positions [start, end) of `split` its loader reads,
+    by Megatron-LM's train loop (docs/phases.md): launch k, started after iteration S_k,
+    evaluates valid after each multiple of eval_interval in (S_k, S_k+1], the last launch
+    once more after train_iters and then test once; each evaluation eval_iters x global
+    batch samples, consumed_valid_samples carried from launch to launch."""
+    t = corpus.config.training
+    starts = [p.start_iteration for p in corpus.config.phases.phases] + [t.train_iters]
+    step = t.eval_iters * t.global_batch_size
+    if split == "test":
+        return [(0, 0)] * (len(starts) - 2) + [(0, step)]
+    done = [len(range(t.eval_interval, s + 1, t.eval_interval)) for s in starts]
+    done[-1] += 1  # the last launch's evaluation after the run's last iteration
+    return [(done[k] * step, done[k + 1] * step) for k in range(len(starts) - 1)]
+
+
+def _eval_lines_expected(corpus) -> dict[tuple[int, str, str], int]:
+    """(phase, split, dataset): the first position its launch reads of the phase's own split
+    that is a GPTDataset sample past the dataset's documents, from the built arrays."""
+    want = {}
+    for split in ("valid", "test"):
+        for k, (start, end) in enumerate(_launch_reads(corpus, split)):
+            own = corpus.indices["train"].evals[k][split]
+            for d, gpt in enumerate(own.gpts):
+                past = _past_of(corpus, gpt)
+                if past is None:
+                    continue
+                if own.blend is None:  # the bare GPTDataset: its sample i is position i
+                    ids, samples = np.zeros(end, dtype=np.int64), np.arange(end)
+                else:
+                    ids = np.asarray(own.blend.dataset_index[:end])
+                    samples = np.asarray(own.blend.dataset_sample_index[:end])
+                hits = start + np.flatnonzero((ids[start:] == d) & (samples[start:] >= past))
+                if hits.size:
+                    want[(k, split, gpt.spec.name)] = int(hits[0])
+    return want
+
+
+def _eval_lines_said(lines: list[str]) -> dict[tuple[int, str, str], str]:
+    out = {}
+    for x in lines:
+        split, _, rest = x.partition(": ")
+        if split in ("valid", "test"):
+            assert rest.startswith("phases["), x  # under restart no line of the top level's valid or test
+            k, _, rest = rest.removeprefix("phases[").partition("]: ")
+            out[(int(k), split, rest.split(" ")[0])] = rest
+    return out
+
+
+@pytest.mark.parametrize("sampler,start,second", [("single", 100, 0.3), ("cyclic", 400, 0.5)])
+def test_restart_says_each_phase_s_own_valid_and_test_where_its_launch_reads_them(folder, sampler, start, second):
+    _config(folder, "restart", {"u16_small": 0.9, "u16_docs": 0.1}, {"u16_small": second, "u16_docs": 1 - second},
+            sampler, eval_iters=10, start=start)
+    lines, corpus = _built(folder)
+    want = _eval_lines_expected(corpus)
+    said = _eval_lines_said(lines)
+    # phase 1's valid is read from the run's sample 160 (640) on, from its own valid's sample 0 on
+    assert set(want) == set(said) and (1, "valid", "u16_small") in want and (0, "test", "u16_small") not in want
+    loader = _launch_reads(corpus, "valid")[1][0]
+    own = corpus.indices["train"].evals[1]["valid"]
+    d = [g.spec.name for g in own.gpts].index("u16_small")
+    crossing = int(np.flatnonzero(np.asarray(own.blend.dataset_index) == d)[_past_of(corpus, own.gpts[d])])
+    # start 100: the crossing is within the launch's reads; 400: before them, said from its first read
+    assert (crossing >= loader) == (start == 100), (crossing, loader)
+    assert (want[(1, "valid", "u16_small")] == crossing) == (start == 100)
+    shuffled = " (in the split's order; the cyclic sampler reads it shuffled)" if sampler == "cyclic" else ""
+    for (k, split, name), first in want.items():
+        step = corpus.config.training.split_schedule(split).iteration_at(first)[0]
+        assert said[(k, split, name)].startswith(
+            f"{name} is read past its documents at evaluation step {step:,} (sample {first:,}){shuffled}: the launch "
+            f"of phases[{k}] reads the run's {split} samples "), said[(k, split, name)]
+        assert RESTART_SAYS in said[(k, split, name)]
+    assert _config_lines(folder) == lines
+    (folder / "mnt").mkdir()
+    mount = mmfs("mount", "run.yaml", "mnt", "--log", "mnt.log", cwd=folder)
+    try:
+        assert mount.returncode == 0, mount.stderr
+        assert _lines(mount.stderr) == lines
+    finally:
+        force_unmount(folder / "mnt")
+
+
+def test_restart_s_bare_phase_reads_its_own_gpt_dataset_as_valid_and_test(folder):
+    # phase 1: u16_small without a weight, so its valid and test are the bare GPTDataset; a transition
+    # between evaluations (iteration 150)
+    _config(folder, "restart", {"u16_docs": 0.5, "u16_small": 0.5}, {"u16_small": None}, eval_iters=10, start=150)
+    lines, corpus = _built(folder)
+    assert corpus.indices["train"].evals[1]["valid"].blend is None
+    want = _eval_lines_expected(corpus)
+    said = _eval_lines_said(lines)
+    assert set(want) == set(said) and {(1, "valid", "u16_small"), (1, "test", "u16_small")} <= set(want)
+    for (k, split, name), first in want.items():
+        step = corpus.config.training.split_schedule(split).iteration_at(first)[0]
+        assert said[(k, split, name)].startswith(f"{name} is read past its documents at evaluation step {step:,} "
+                                                 f"(sample {first:,}):"), said[(k, split, name)]
+    assert _config_lines(folder) == lines
+
+
+def test_continue_s_valid_and_test_are_the_top_level_s(folder):
+    _config(folder, "continue", {"u16_small": 0.9, "u16_docs": 0.1}, {"u16_small": 0.3, "u16_docs": 0.7},
+            eval_iters=10)
+    lines, _ = _built(folder)
+    assert any(x.startswith("valid: u16_small is read past its documents") for x in lines), lines
+    assert not any(x.startswith(("valid: phases[", "test: phases[")) for x in lines), lines

@@ -20,23 +20,22 @@ read up to the draw looked for; past EXACT_UP_TO samples into the run the positi
 is estimated from the weight (said "about"): `mmfs config` does not build a blend
 index of hundreds of millions of samples to say it, `mmfs build` reads the built one.
 
-A run in phases: its train lines are each phase's (mmfs/megatron/phases/epochs.py),
-its valid and test the top level's splits, said as here.
+A run in phases: its train lines are each phase's (mmfs/megatron/phases/epochs.py);
+under restart its valid and test lines each phase's own, as its relaunch reads them
+(phases/eval_epochs.py), else the top level's splits, said as here.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from mmfs.megatron.epoch_lines import MEGATRON_GOES_ON, Member, tokens_of, where
+from mmfs.megatron.epoch_lines import EXACT_UP_TO, MEGATRON_GOES_ON, Member, reads_past, tokens_of, where
 from mmfs.megatron.phases.epochs import corpus_phase_warnings, planned_phase_warnings
-
-EXACT_UP_TO = 16_000_000  # blend positions read (or computed) exactly, at most
+from mmfs.megatron.phases.eval_epochs import phase_eval_warnings
 
 
 def split_warnings(split: str, run: int, members: list[Member], weights: list[float] | None,
@@ -44,95 +43,115 @@ def split_warnings(split: str, run: int, members: list[Member], weights: list[fl
     """The lines of one split read for `run` samples (blend_prefix(n): the blend's first
     n dataset ids; None: one GPTDataset, the split itself)."""
     out = []
-    for d, m in enumerate(members):
-        epoch = m.one_epoch
-        if blend_prefix is None:
-            taken, first, about = run, epoch, False
-        else:
-            w = weights[d]
-            if w <= 0 or w * run <= epoch - 1:  # the greedy blend draws within 1 of weight x samples
-                continue
-            need = min(run, math.ceil((epoch + 2) / w) + len(members) + 2)
-            if need <= EXACT_UP_TO:
-                drawn = np.flatnonzero(blend_prefix(need) == d)
-                first, about = (int(drawn[epoch]) if drawn.size > epoch else None), False
-            else:
-                first, about = min(run - 1, math.ceil((epoch + 1) / w) - 1), True
-            if first is None:
-                continue
-            taken = int(np.count_nonzero(blend_prefix(run) == d)) if run <= EXACT_UP_TO else round(w * run)
-        if taken <= epoch:
-            continue
-        out.append(f"{split}: {m.name} is read past its documents {where(split, first, schedule, cyclic, about)}"
-                   f": the run reads {'about ' if about or taken != run and run > EXACT_UP_TO else ''}"
-                   f"{taken:,} of its samples, its documents hold {epoch:,} ({m.epochs(taken):.2f} epochs). "
+    for p in reads_past(0, run, members, weights, blend_prefix):
+        m = p.member
+        out.append(f"{split}: {m.name} is read past its documents {where(split, p.first, schedule, cyclic, p.about)}"
+                   f": the run reads {'about ' if p.about or p.reach != run and run > EXACT_UP_TO else ''}"
+                   f"{p.reach:,} of its samples, its documents hold {m.one_epoch:,} ({m.epochs(p.reach):.2f} epochs). "
                    f"{MEGATRON_GOES_ON}")
     return out
 
 
 def run_warnings(config: Any, datasets: dict, splits: dict[str, tuple[list, list | None, Any]],
-                 phased: Callable[[Any, bool], list[str]] | None = None) -> list[str]:
+                 phased: Callable[[Any, bool], list[str]] | None = None,
+                 phase_evals: Callable[[bool], list[str] | None] | None = None) -> list[str]:
     """The lines of every split: splits[name] = ([(spec, params)], weights or None,
     blend_prefix or None); datasets: {spec.file: opened dataset}; phased(schedule,
-    cyclic): the train lines of a run in phases (mmfs/megatron/phases/epochs.py), whose
-    valid and test are the top level's splits."""
+    cyclic): the train lines of a run in phases (mmfs/megatron/phases/epochs.py);
+    phase_evals(cyclic): under restart, each phase's own valid and test lines
+    (phases/eval_epochs.py), said instead of the top level's, which no launch reads
+    as one run (None: the top level's are said)."""
     training = config.training
     cyclic = training is not None and training.dataloader_type == "cyclic"
     out = []
     if config.phases is not None and phased is not None:
         out += phased(None if training is None else training.split_schedule("train"), cyclic)
+    evals = phase_evals(cyclic) if config.phases is not None and phase_evals is not None else None
     for split, (gpts, weights, prefix) in splits.items():
-        if split == "train" and config.phases is not None:
+        if split == "train" and config.phases is not None or split != "train" and evals is not None:
             continue
         run = config.samples.get(split)
         if not run or not gpts:
             continue
-        members = [Member(spec.name, tokens_of(datasets[spec.file], p.beg, p.end), p.sequence_length,
-                          int(p.add_extra_token)) for spec, p in gpts]
         schedule = None if training is None else training.split_schedule(split)
-        out += split_warnings(split, run, members, weights, prefix, schedule, cyclic)
-    return out
+        out += split_warnings(split, run, _members(datasets, gpts), weights, prefix, schedule, cyclic)
+    return out + (evals or [])
+
+
+def _members(datasets: dict, gpts: list) -> list[Member]:
+    """The Members of a split's [(spec, params)]."""
+    return [Member(spec.name, tokens_of(datasets[spec.file], p.beg, p.end), p.sequence_length,
+                   int(p.add_extra_token)) for spec, p in gpts]
 
 
 def corpus_warnings(corpus: Any) -> list[str]:
     """run_warnings of an opened corpus (its blends read from their built indices)."""
+    from mmfs.megatron.corpus import phase_evals
 
-    splits = {}
-    for name, indices in corpus.indices.items():
-        if len(indices) == 0 or (name == "train" and corpus.config.phases is not None):
-            continue
-        blend = indices.blend
-        prefix = None if blend is None else (lambda n, b=blend: np.asarray(b.dataset_index[:n]))
-        weights = None if blend is None else _normalized(blend.weights, [len(g) for g in indices.gpts])
-        splits[name] = ([(g.spec, g.params) for g in indices.gpts], weights, prefix)
+    splits = {name: _built_split(indices) for name, indices in corpus.indices.items()
+              if len(indices) > 0 and not (name == "train" and corpus.config.phases is not None)}
     by_name = {e.name: e.dataset for e in corpus.datasets}
     datasets = {s.file: by_name[s.name] for s in corpus.config.all_datasets}
 
     def phased(schedule: Any, cyclic: bool) -> list[str]:
         gpts = corpus.indices["train"].gpts
-        members = [Member(g.spec.name, tokens_of(datasets[g.spec.file], g.params.beg, g.params.end),
-                          g.params.sequence_length, int(g.params.add_extra_token)) for g in gpts]
+        members = _members(datasets, [(g.spec, g.params) for g in gpts])
         return corpus_phase_warnings(corpus, members, schedule, cyclic)
 
-    return run_warnings(corpus.config, datasets, splits, phased)
+    def own(k: int) -> dict:
+        built = {name: _built_split(s) for name, s in phase_evals(corpus.indices)[k].items() if len(s) > 0}
+        return {name: (_members(datasets, gpts), weights, prefix) for name, (gpts, weights, prefix) in built.items()}
+
+    return run_warnings(corpus.config, datasets, splits, phased,
+                        lambda cyclic: phase_eval_warnings(corpus.config, own, cyclic))
+
+
+def _built_split(indices: Any) -> tuple[list, list | None, Any]:
+    """A built split as run_warnings takes it: its blend read from its dataset_index."""
+    blend = indices.blend
+    prefix = None if blend is None else (lambda n, b=blend: np.asarray(b.dataset_index[:n]))
+    weights = None if blend is None else _normalized(blend.weights, [len(g) for g in indices.gpts])
+    return [(g.spec, g.params) for g in indices.gpts], weights, prefix
 
 
 def planned_warnings(config: Any, datasets: dict) -> list[str]:
     """run_warnings of a config before anything is built (`mmfs config`): its splits as
-    the builder plans them, each blend's order computed (up to EXACT_UP_TO samples)."""
+    the builder plans them, each blend's order computed (up to EXACT_UP_TO samples);
+    under restart each phase's own valid and test too, planned as its relaunch builds them."""
+    from mmfs.config.schema import SPLITS
     from mmfs.megatron.build.builder import Builder
+    from mmfs.megatron.indices.splits import split_matrix
+    from mmfs.megatron.phases.evals import EVAL_SPLITS
+
+    builder = Builder(config, datasets)
+    wanted = ("valid", "test") if config.phases is not None else ("train", "valid", "test")
+    splits = _planned_splits(builder.plan_splits(wanted))
+
+    def own(k: int) -> dict:
+        p = config.phases.phases[k]
+        matrix = split_matrix(config.split)
+        bookends = {s: matrix[SPLITS.index(s)] for s in EVAL_SPLITS}
+        plans = builder._plan_blend(p.blend.datasets, None if p.bare else p.blend.weights, bookends,
+                                    f"{p.key}.datasets", per_split=False)
+        return {name: (_members(datasets, gpts), weights, prefix)
+                for name, (gpts, weights, prefix) in _planned_splits(plans).items()}
+
+    return run_warnings(config, datasets, splits,
+                        lambda schedule, cyclic: planned_phase_warnings(config, datasets, schedule, cyclic),
+                        lambda cyclic: phase_eval_warnings(config, own, cyclic))
+
+
+def _planned_splits(plans: list[dict]) -> dict[str, tuple[list, list | None, Any]]:
     from mmfs.megatron.indices.blend import build_blending_indices
 
     splits = {}
-    wanted = ("valid", "test") if config.phases is not None else ("train", "valid", "test")
-    for p in Builder(config, datasets).plan_splits(wanted):
+    for p in plans:
         if p.get("by_length"):
             continue  # weighted by the GPTDatasets' lengths: known once built (`mmfs build` says it)
         weights = p.get("weights") if p.get("blend_task") else None
         prefix = None if weights is None else (lambda n, w=weights: build_blending_indices(w, n)["dataset_index"])
         splits[p["split"]] = (list(zip(p["specs"], p["params"])), weights, prefix)
-    return run_warnings(config, datasets, splits,
-                        lambda schedule, cyclic: planned_phase_warnings(config, datasets, schedule, cyclic))
+    return splits
 
 
 def _normalized(weights: list | None, lengths: list[int]) -> list[float]:
