@@ -3,6 +3,7 @@
  * mutex guards it all; it is held for an open(2) and fstat(2), never for a
  * read. */
 #include "mmfs_files.h"
+#include "mmfs_io.h"
 #include "mmfs_native.h"
 
 #include <errno.h>
@@ -227,19 +228,6 @@ int mmfs_file_release_unchanged(int64_t id, int32_t fd) {
         return MMFS_E_IO;
     }
     return give_back(id, &st);
-}
-
-/* Read n bytes at pos into to, through short reads; bytes read, or -1. */
-static int64_t read_fully(int fd, uint8_t *to, int64_t n, int64_t pos) {
-    int64_t done = 0;
-    while (done < n) {
-        ssize_t k = pread(fd, to + done, (size_t)(n - done), pos + done);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return -1;
-        if (k == 0) break;
-        done += k;
-    }
-    return done;
 }
 
 static int32_t copy_one(const char *path, const uint64_t *identity, int32_t head_size, uint8_t *head,

@@ -1,6 +1,7 @@
 /* Placing many arrays at once: see mmfs_placing.h. */
 #include "mmfs_native.h"
 #include "mmfs_files.h"
+#include "mmfs_io.h"
 #include "mmfs_placing.h"
 
 #include <errno.h>
@@ -80,19 +81,6 @@ void mmfs_arrays_fill(mmfs_array *const *structs, int64_t n, const int64_t *addr
     }
 }
 
-/* Read n bytes at pos into to, through short reads and EINTR: the bytes read, or -1. */
-static int64_t pread_fully(int fd, uint8_t *to, int64_t n, int64_t pos) {
-    int64_t done = 0;
-    while (done < n) {
-        ssize_t k = pread(fd, to + done, (size_t)(n - done), pos + done);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return -1;
-        if (k == 0) break;
-        done += k;
-    }
-    return done;
-}
-
 #define SPAN_GAP (256 << 10) /* regions nearer than this are read in one span */
 #define SPAN_MAX (8 << 20)   /* ... of at most this many bytes (a region longer is read on its own) */
 
@@ -117,7 +105,7 @@ int32_t mmfs_regions_copy(const char *path, const uint64_t *identity, int64_t n,
     }
     for (int64_t i = 0; i < n;) {
         if (lengths[i] >= SPAN_MAX) { /* a long region: straight to its place */
-            int64_t got = pread_fully(fd, out + at[i], lengths[i], offsets[i]);
+            int64_t got = read_fully(fd, out + at[i], lengths[i], offsets[i]);
             if (got < 0) goto done;
             if (got < lengths[i]) {
                 rc = MMFS_E_CHANGED;
@@ -132,7 +120,7 @@ int32_t mmfs_regions_copy(const char *path, const uint64_t *identity, int64_t n,
             if (offsets[j] + lengths[j] > end) end = offsets[j] + lengths[j];
             ++j;
         }
-        int64_t got = pread_fully(fd, span, end - begin, begin);
+        int64_t got = read_fully(fd, span, end - begin, begin);
         if (got < 0) goto done;
         if (got < end - begin) {
             rc = MMFS_E_CHANGED;

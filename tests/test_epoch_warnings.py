@@ -63,6 +63,17 @@ def _lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("mmfs: warning:")]
 
 
+def mount_stderr(folder) -> str:
+    """What `mmfs mount run.yaml` in folder prints on stderr (it mounts; unmounted after)."""
+    (folder / "mnt").mkdir()
+    mount = mmfs("mount", "run.yaml", "mnt", "--log", "mnt.log", cwd=folder)
+    try:
+        assert mount.returncode == 0, mount.stderr
+        return mount.stderr
+    finally:
+        force_unmount(folder / "mnt")
+
+
 def test_config_build_and_mount_say_where_a_blend_reads_past_a_dataset(folder):
     said = _config(folder, *BLEND, *LINE, "--train-iters", "500")
     corpus = open_corpus(str(folder / "run.yaml"), progress=False)
@@ -81,13 +92,7 @@ def test_config_build_and_mount_say_where_a_blend_reads_past_a_dataset(folder):
                    in x for x in lines), (split, lines)
     built = mmfs("build", "run.yaml", cwd=folder)
     assert built.returncode == 0 and _lines(built.stderr) == lines
-    (folder / "mnt").mkdir()
-    mount = mmfs("mount", "run.yaml", "mnt", "--log", "mnt.log", cwd=folder)
-    try:
-        assert mount.returncode == 0, mount.stderr
-        assert _lines(mount.stderr) == lines
-    finally:
-        force_unmount(folder / "mnt")
+    assert _lines(mount_stderr(folder)) == lines
 
 
 def test_one_dataset_read_past_its_documents(folder):

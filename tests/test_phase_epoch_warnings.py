@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_epoch_warnings import mount_stderr
 
 from golden_cases import GOLDEN
 from mmfs.megatron import open_corpus
 from mmfs.megatron.phases.epochs import CONTINUE_SAYS, RESTART_SAYS, USED_UP_SAYS
-from mount_fixtures import force_unmount, mmfs
+from mount_fixtures import mmfs
 
 TRAINING = ("training: {data_parallel_size: 8, micro_batch_size: 2, global_batch_size: 16, train_iters: 500, "
             "eval_interval: 100, eval_iters: 1, dataloader_type: %s}")
@@ -108,13 +109,7 @@ def test_restart_each_phase_reads_its_own_gpt_dataset_from_sample_0(folder):
         assert [x for x in lines if x.startswith(want)] and all(RESTART_SAYS in x for x in lines if want in x), lines
     assert not any("phases[" in x and "u16_docs" in x for x in lines)  # within its documents in both phases
     assert _config_lines(folder) == lines
-    (folder / "mnt").mkdir()
-    mount = mmfs("mount", "run.yaml", "mnt", "--log", "mnt.log", cwd=folder)
-    try:
-        assert mount.returncode == 0, mount.stderr
-        assert _lines(mount.stderr) == lines
-    finally:
-        force_unmount(folder / "mnt")
+    assert _lines(mount_stderr(folder)) == lines
 
 
 def test_continue_says_the_phase_that_passes_the_documents_and_the_later_ones(folder):
@@ -251,13 +246,7 @@ def test_restart_says_each_phase_s_own_valid_and_test_where_its_launch_reads_the
             f"of phases[{k}] reads the run's {split} samples "), said[(k, split, name)]
         assert RESTART_SAYS in said[(k, split, name)]
     assert _config_lines(folder) == lines
-    (folder / "mnt").mkdir()
-    mount = mmfs("mount", "run.yaml", "mnt", "--log", "mnt.log", cwd=folder)
-    try:
-        assert mount.returncode == 0, mount.stderr
-        assert _lines(mount.stderr) == lines
-    finally:
-        force_unmount(folder / "mnt")
+    assert _lines(mount_stderr(folder)) == lines
 
 
 def test_restart_s_bare_phase_reads_its_own_gpt_dataset_as_valid_and_test(folder):
